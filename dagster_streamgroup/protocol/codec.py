@@ -1,0 +1,62 @@
+"""Serialising the state object, and refusing what is not ours or is newer than we understand.
+
+A store must never overwrite a state it cannot read: a foreign object (for example a v3io-go
+``session_states`` document) or one written by a newer schema raises here, before any write.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
+
+
+class StateFormatError(Exception):
+    """The stored object is not a dagster-streamgroup state this version can read; it is left untouched."""
+
+
+class ForeignStateError(StateFormatError):
+    pass
+
+
+class NewerSchemaError(StateFormatError):
+    pass
+
+
+def encode_state(state: GroupState) -> str:
+    return state.model_dump_json(exclude_defaults=False)
+
+
+def decode_state(text: str | bytes, *, where: str) -> GroupState:
+    """Parse a stored state. ``where`` names the object in error messages (store URL and key)."""
+    try:
+        raw: Any = json.loads(text)
+    except ValueError as exc:
+        raise ForeignStateError(f"{where}: the stored state is not JSON ({exc}); refusing to overwrite it") from exc
+    if not isinstance(raw, dict):
+        raise ForeignStateError(f"{where}: the stored state is a JSON {type(raw).__name__}, not an object")
+    kind = raw.get("kind")
+    if kind != STATE_KIND:
+        if "session_states" in raw:
+            raise ForeignStateError(
+                f"{where}: this consumer group is managed by v3io-go/Nuclio consumers (a 'session_states' "
+                "document); dagster-streamgroup will not overwrite it. Use another group name."
+            )
+        raise ForeignStateError(
+            f"{where}: the stored object is not a dagster-streamgroup state (kind={kind!r}); refusing to overwrite it"
+        )
+    version = raw.get("schema_version")
+    if not isinstance(version, int):
+        raise ForeignStateError(f"{where}: schema_version is missing or not an integer")
+    if version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            f"{where}: the state was written by a newer dagster-streamgroup (schema {version}, this version "
+            f"reads up to {SCHEMA_VERSION}); upgrade this member instead of overwriting it"
+        )
+    try:
+        return GroupState.model_validate(raw)
+    except ValidationError as exc:
+        raise ForeignStateError(f"{where}: the stored state does not validate: {exc}") from exc

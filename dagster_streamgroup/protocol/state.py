@@ -1,0 +1,113 @@
+"""The group state object: one per (stream, consumer group), held by a store under compare-and-set.
+
+Offsets are always the *next offset to read* (exclusive end of what is done), as Kafka counts them.
+Times are seconds on the store's clock (``StateStore.now()``), never a member's own wall clock.
+The models are frozen: transitions build new states with ``model_copy``, so a state that a failed CAS
+attempt produced can never leak into the next attempt.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STATE_KIND = "dagster-streamgroup/group-state"
+SCHEMA_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Member(_Frozen):
+    """A live member. ``joined`` lets a new member wait one tick before claiming, so a cold start of
+    many members does not hand everything to whichever registers first (Pravega's greedy first reader)."""
+
+    member_id: str
+    joined: float
+    heartbeat: float
+
+
+class InFlight(_Frozen):
+    """A range launched as a run and not yet committed or failed.
+
+    ``epoch`` is the shard epoch the range was launched under; a commit must present it.
+    ``orphaned_at`` is set when the launching member was evicted: the run may still be executing, so the
+    range is not launched again until that run reports or the drain timeout passes.
+    """
+
+    start: int
+    end: int
+    attempt: int
+    run_key: str
+    epoch: int
+    member_id: str
+    launched_at: float
+    orphaned_at: float | None = None
+
+
+class Parked(_Frozen):
+    """A shard that stopped: retries exhausted, or its offsets fell out of retention under ``fail``."""
+
+    start: int
+    end: int
+    reason: str
+    at: float
+
+
+class ShardState(_Frozen):
+    owner: str | None = None
+    epoch: int = 0
+    committed: int | None = None
+    """Next offset to read; ``None`` until the seek policy positions the shard."""
+    inflight: InFlight | None = None
+    attempt: int = 0
+    """Attempt number of the next launch of the range at ``committed`` (0 = first try)."""
+    parked: Parked | None = None
+    discovered_at: float = 0.0
+    late: bool = False
+    """Appeared after the group was created: positioned at the earliest offset even under ``latest``,
+    so the first records of a new shard are never skipped (v3io-go IG-19366)."""
+    pending_predecessors: frozenset[str] = frozenset()
+    """Shards that must be read to their end before this one may be claimed (split/merge successors)."""
+    backlog_since: float | None = None
+    """When a backlog below ``min_backlog`` was first seen; launching waits at most ``max_wait`` after it."""
+
+
+class EventKind(StrEnum):
+    DATA_LOSS = "data_loss"
+    PARKED = "parked"
+    DEAD_LETTER = "dead_letter"
+    UNPARKED = "unparked"
+    EVICTED = "evicted"
+
+
+class GroupEvent(_Frozen):
+    """Something an operator must see: never silent (retention loss, parking, dead letters, evictions)."""
+
+    kind: EventKind
+    at: float
+    shard: str | None = None
+    member_id: str | None = None
+    start: int | None = None
+    end: int | None = None
+    detail: str = ""
+
+
+class GroupState(_Frozen):
+    kind: Literal["dagster-streamgroup/group-state"] = STATE_KIND
+    schema_version: int = SCHEMA_VERSION
+    stream: str
+    group: str
+    created_at: float
+    revision: int = 0
+    """Counts successful writes; informative only (stores keep their own CAS version)."""
+    members: dict[str, Member] = Field(default_factory=dict)
+    shards: dict[str, ShardState] = Field(default_factory=dict)
+    events: tuple[GroupEvent, ...] = ()
+    """The most recent events, newest last, bounded by ``MAX_EVENTS``."""
+
+
+MAX_EVENTS = 200

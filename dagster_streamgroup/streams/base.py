@@ -1,0 +1,88 @@
+"""The one interface every stream backend implements (Kafka topic sets, v3io streams).
+
+Shard ids are strings the backend defines (Kafka ``"<topic>:<partition>"``, v3io ``"<shard number>"``),
+listed in a stable order. Offsets are *next offset to read*: a range ``[start, end)`` holds the records
+with offsets ``start <= o < end``. Backends whose native convention differs (v3io's inclusive
+"last processed" sequence number) convert at this edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+
+class Watermarks(NamedTuple):
+    low: int
+    """First offset still available (retention trims below it)."""
+    high: int
+    """Next offset to be written: ``[low, high)`` is readable now."""
+
+
+class StreamError(Exception):
+    """A backend failure, with the backend's own error kept as ``__cause__``."""
+
+
+class OffsetOutOfRangeError(StreamError):
+    """A requested offset fell out of retention (below the low watermark)."""
+
+    def __init__(self, shard: str, requested: int, low: int) -> None:
+        super().__init__(
+            f"shard {shard}: offsets [{requested}, {low}) are no longer in the stream (retention); "
+            f"the earliest available offset is {low}"
+        )
+        self.shard = shard
+        self.requested = requested
+        self.low = low
+
+
+class RangeIncompleteError(StreamError):
+    """A range could not be read to its end (records missing or the stream stopped answering)."""
+
+
+class CommitRejectedError(StreamError):
+    """The backend refused the offset commit (for Kafka: the group has live subscribe() members)."""
+
+
+@runtime_checkable
+class StreamBackend(Protocol):
+    @property
+    def stream_id(self) -> str:
+        """A stable name of the stream (cluster + topics, or container + path), part of the state key."""
+        ...
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The schema of the record batches ``read_range`` yields."""
+        ...
+
+    def shards(self) -> list[str]:
+        """All shards that exist now, in a stable order; shards added later appear in later calls."""
+        ...
+
+    def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]: ...
+
+    def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
+        """The group's offsets as mirrored in the backend (``None`` where nothing was committed)."""
+        ...
+
+    def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
+        """Mirror the group's offsets into the backend, never moving one backwards.
+
+        Returns the offsets in effect afterwards (the larger of the stored and the requested)."""
+        ...
+
+    def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
+        """The earliest offset whose record time is at or after ``timestamp_ms`` (the high watermark if none)."""
+        ...
+
+    def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
+        """Exactly the records of ``[start, end)`` in offset order, as Arrow batches of ``arrow_schema``.
+
+        Raises ``OffsetOutOfRangeError`` when ``start`` is below retention and ``RangeIncompleteError``
+        when the range cannot be completed."""
+        ...
+
+    def close(self) -> None: ...
