@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine with Python 3.11: uv (in .tools/),
+# the locked virtualenv (.venv/), and, when run as root, Java 17 and PostgreSQL from Debian's packages if
+# they are missing. Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+UV_VERSION=0.13.8
+
+if [ ! -x .tools/uv/bin/uv ] || ! .tools/uv/bin/uv --version | grep -q "$UV_VERSION"; then
+  echo "setup: installing uv $UV_VERSION into .tools/uv"
+  "$PYTHON" -m venv .tools/uv
+  .tools/uv/bin/pip install --quiet "uv==$UV_VERSION"
+fi
+
+echo "setup: syncing .venv from uv.lock"
+.tools/uv/bin/uv sync --frozen --quiet --python "$PYTHON"
+
+apt_ready=0
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: $1 is missing and this user is not root; install it (Debian: apt-get install $2)" >&2
+    return 1
+  fi
+  if [ "$apt_ready" = 0 ]; then apt-get update -qq; apt_ready=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+}
+
+if ! command -v java >/dev/null 2>&1; then
+  echo "setup: installing Java 17 (Spark needs it)"
+  apt_install java openjdk-17-jre-headless || true
+fi
+
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  echo "setup: installing PostgreSQL server binaries"
+  apt_install postgresql postgresql || echo "setup: PostgreSQL tests will be skipped" >&2
+fi

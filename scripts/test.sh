@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what it needs, then lint, types, and pytest.
+# Servers the tests need (PostgreSQL, the local broker, the local v3io server) are started by the test
+# fixtures on free loopback ports and stopped by PID when the session ends.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+export PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1 PYTHONHASHSEED=0
+echo "test: ruff"
+.venv/bin/ruff check dagster_streamgroup tests bench
+echo "test: mypy --strict"
+.venv/bin/mypy
+echo "test: pytest"
+exec .venv/bin/pytest "$@"
