@@ -74,6 +74,8 @@ class ShardState(_Frozen):
     """Shards that must be read to their end before this one may be claimed (split/merge successors)."""
     backlog_since: float | None = None
     """When a backlog below ``min_backlog`` was first seen; launching waits at most ``max_wait`` after it."""
+    last_run_key: str | None = None
+    """Run key of the last accepted commit, so a replayed commit is recognised instead of refused."""
 
 
 class EventKind(StrEnum):
@@ -82,6 +84,8 @@ class EventKind(StrEnum):
     DEAD_LETTER = "dead_letter"
     UNPARKED = "unparked"
     EVICTED = "evicted"
+    LEFT = "left"
+    DRAIN_EXPIRED = "drain_expired"
 
 
 class GroupEvent(_Frozen):
@@ -97,7 +101,7 @@ class GroupEvent(_Frozen):
 
 
 class GroupState(_Frozen):
-    kind: Literal["dagster-streamgroup/group-state"] = STATE_KIND
+    kind: Literal["dagster-streamgroup/group-state"] = "dagster-streamgroup/group-state"
     schema_version: int = SCHEMA_VERSION
     stream: str
     group: str

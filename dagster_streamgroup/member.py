@@ -1,0 +1,230 @@
+"""One group member: a tick, a commit, a failure report, a leave, each a CAS loop around pure transitions.
+
+Every attempt re-reads the state and re-runs the transitions on it; nothing computed in a failed attempt
+is reused (Pravega #2042: a result leaked from a failed CAS made two readers own one segment). Conflicts
+back off with full jitter and a small cap; a tick that still conflicts gives up and its work waits for the
+next tick, so a sensor tick never runs long.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_random_exponential
+
+from dagster_streamgroup import protocol
+from dagster_streamgroup.protocol import (
+    CommitOutcome,
+    FailOutcome,
+    GroupEvent,
+    GroupPolicy,
+    GroupState,
+    Launch,
+    RangeReport,
+    Watermark,
+)
+from dagster_streamgroup.stores.base import StateStore, state_key
+from dagster_streamgroup.streams.base import StreamBackend
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Transition = Callable[[GroupState | None, float], tuple[GroupState | None, R]]
+"""(fresh state or None when absent, store time) -> (state to write or the same object for no write, result)."""
+
+
+class ContentionError(Exception):
+    """The state kept changing under us for every attempt; the work is left for the next tick."""
+
+
+@dataclass
+class _Conflict:
+    pass
+
+
+_CONFLICT = _Conflict()
+
+
+@dataclass(frozen=True)
+class CasStats:
+    attempts: int
+    conflicts: int
+    state: GroupState | None
+    """The state as this call left it (what it wrote, or what it read when nothing needed writing)."""
+
+
+def update_state(
+    store: StateStore,
+    key: str,
+    transition: Transition[R],
+    *,
+    max_attempts: int = 6,
+    backoff_base_s: float = 0.02,
+    backoff_cap_s: float = 0.5,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[R, CasStats]:
+    """Apply ``transition`` under compare-and-set, re-running it on fresh state after each conflict."""
+    attempts = 0
+    final: list[GroupState | None] = [None]
+
+    def attempt() -> tuple[R] | _Conflict:
+        nonlocal attempts
+        attempts += 1
+        current, token = store.load(key)
+        new_state, result = transition(current, store.now())
+        if new_state is None or new_state is current:
+            final[0] = current
+            return (result,)
+        written = new_state.model_copy(update={"revision": new_state.revision + 1})
+        if not store.save_if(key, written, token):
+            return _CONFLICT
+        final[0] = written
+        return (result,)
+
+    retrying = Retrying(
+        retry=retry_if_result(lambda outcome: outcome is _CONFLICT),
+        wait=wait_random_exponential(multiplier=backoff_base_s, max=backoff_cap_s),
+        stop=stop_after_attempt(max_attempts),
+        sleep=sleep,
+    )
+    try:
+        outcome = retrying(attempt)
+    except RetryError as exc:
+        raise ContentionError(f"state {key!r} changed under every one of {max_attempts} attempts") from exc
+    assert not isinstance(outcome, _Conflict)
+    return outcome[0], CasStats(attempts=attempts, conflicts=attempts - 1, state=final[0])
+
+
+@dataclass(frozen=True)
+class TickReport:
+    member_id: str
+    state: GroupState
+    new_launches: list[Launch]
+    """Ranges planned in this tick."""
+    inflight: list[Launch]
+    """Every range in flight under this member, the new ones included: request them all (run keys dedupe)."""
+    owned: list[str]
+    gained: list[str]
+    lost: list[str]
+    new_events: list[GroupEvent]
+    watermarks: dict[str, Watermark]
+    stats: CasStats
+    waiting_for_grace: bool = False
+
+    @property
+    def lag(self) -> dict[str, int]:
+        """Records behind the high watermark per owned shard (what is known from this tick)."""
+        out: dict[str, int] = {}
+        for shard_id in self.owned:
+            shard = self.state.shards[shard_id]
+            mark = self.watermarks.get(shard_id)
+            if mark is not None and shard.committed is not None:
+                out[shard_id] = max(0, mark.high - shard.committed)
+        return out
+
+
+@dataclass
+class GroupMember:
+    """A member of ``group`` over ``backend``'s stream, keeping its state in ``store``."""
+
+    store: StateStore
+    backend: StreamBackend
+    group: str
+    member_id: str
+    policy: GroupPolicy = field(default_factory=GroupPolicy)
+    sleep: Callable[[float], None] = time.sleep
+    _watermarks: dict[str, Watermark] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        return state_key(self.backend.stream_id, self.group)
+
+    def _fetch_watermarks(self, shard_ids: Sequence[str]) -> dict[str, Watermark]:
+        missing = [s for s in shard_ids if s not in self._watermarks]
+        if missing:
+            for shard_id, mark in self.backend.watermarks(missing).items():
+                self._watermarks[shard_id] = Watermark(low=mark.low, high=mark.high)
+        return {s: self._watermarks[s] for s in shard_ids if s in self._watermarks}
+
+    def tick(self) -> TickReport:
+        """Heartbeat, evict, rebalance, and plan the next ranges, in one CAS write."""
+        shard_ids = self.backend.shards()
+        self._watermarks = {}
+        before: dict[str, GroupState | None] = {}
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState, list[Launch]]:
+            base = current if current is not None else protocol.new_group(self.backend.stream_id, self.group, now)
+            before["state"] = current
+            state = protocol.membership_step(base, self.member_id, now, self.policy, shard_ids)
+            marks = self._fetch_watermarks(protocol.owned_idle_shards(state, self.member_id))
+            return protocol.plan(state, self.member_id, now, marks, self.policy)
+
+        launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)
+        assert stats.state is not None
+        return self._report(before.get("state"), stats.state, launches, stats)
+
+    def _report(self, old: GroupState | None, state: GroupState, launches: list[Launch], stats: CasStats) -> TickReport:
+        owned = [sid for sid, s in state.shards.items() if s.owner == self.member_id]
+        previously = {sid for sid, s in old.shards.items() if s.owner == self.member_id} if old else set()
+        old_events = set(old.events) if old else set()
+        new_events = [e for e in state.events if e not in old_events]
+        me = state.members.get(self.member_id)
+        waiting = me is not None and me.joined + self.policy.grace_s > me.heartbeat
+        return TickReport(
+            member_id=self.member_id,
+            state=state,
+            new_launches=launches,
+            inflight=protocol.inflight_launches(state, self.member_id),
+            owned=owned,
+            gained=sorted(set(owned) - previously),
+            lost=sorted(previously - set(owned)),
+            new_events=new_events,
+            watermarks=dict(self._watermarks),
+            stats=stats,
+            waiting_for_grace=waiting,
+        )
+
+    def leave(self) -> bool:
+        """Leave the group now; shards go back at their committed offsets (runs in flight drain)."""
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, bool]:
+            if current is None or self.member_id not in current.members:
+                return current, False
+            return protocol.leave(current, self.member_id, now), True
+
+        left, _ = update_state(self.store, self.key, transition, sleep=self.sleep)
+        return left
+
+    def commit(self, report: RangeReport) -> CommitOutcome:
+        """The fenced commit of a finished range, then the monotonic mirror into the backend."""
+        outcome, _ = self.commit_state_only(report)
+        if outcome.accepted and not outcome.already_committed:
+            self.backend.commit(self.group, {report.shard: report.end})
+        return outcome
+
+    def commit_state_only(self, report: RangeReport) -> tuple[CommitOutcome, CasStats]:
+        def transition(current: GroupState | None, _now: float) -> tuple[GroupState | None, CommitOutcome]:
+            if current is None:
+                return None, CommitOutcome(
+                    accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
+                )
+            return protocol.commit(current, report)
+
+        return update_state(self.store, self.key, transition, sleep=self.sleep)
+
+    def fail(self, report: RangeReport, reason: str) -> FailOutcome:
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, FailOutcome]:
+            if current is None:
+                return None, FailOutcome.IGNORED
+            return protocol.fail(current, report, reason, now, self.policy)
+
+        outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep)
+        return outcome
+
+    def load(self) -> GroupState | None:
+        state, _ = self.store.load(self.key)
+        return state

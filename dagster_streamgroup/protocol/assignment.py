@@ -1,0 +1,108 @@
+"""Fair assignment of shards to live members.
+
+Every member, on every tick, may move shards between members: free shards go to members under their
+quota, and *idle* shards (no range in flight) of members above their quota are moved too. A shard with a
+range in flight is never moved; it moves after its run reports, at a safe point (Pravega releases only after
+a checkpoint for the same reason). Because any member can rebalance the whole group in one CAS write, a cold
+start or a failover converges in one write instead of one shard per member per tick.
+
+Quotas: N assignable shards over R live members, ``N // R`` each, and the ``N % R`` extra shards go to the
+members that already own the most (ties by id), which keeps movement minimal and the result deterministic.
+A member assigns only after its join grace, so members that start together all register first and the
+first one does not take everything (the greedy first reader of Pravega / Flink connectors #15).
+"""
+
+from __future__ import annotations
+
+from dagster_streamgroup.protocol.policy import GroupPolicy
+from dagster_streamgroup.protocol.state import GroupState, ShardState
+
+
+def is_draining(state: GroupState, shard: ShardState) -> bool:
+    """Owned by a departed member whose run is still in flight."""
+    return shard.owner is not None and shard.owner not in state.members and shard.inflight is not None
+
+
+def is_assignable(state: GroupState, shard: ShardState) -> bool:
+    return not shard.pending_predecessors and not is_draining(state, shard)
+
+
+def quotas(state: GroupState) -> dict[str, int]:
+    """How many assignable shards each live member should own."""
+    live = state.members
+    if not live:
+        return {}
+    owned = dict.fromkeys(live, 0)
+    total = 0
+    for shard in state.shards.values():
+        if not is_assignable(state, shard):
+            continue
+        total += 1
+        if shard.owner in owned:
+            owned[shard.owner] += 1
+    base, extra = divmod(total, len(live))
+    ranked = sorted(live, key=lambda mid: (-owned[mid], mid))
+    return {mid: base + (1 if rank < extra else 0) for rank, mid in enumerate(ranked)}
+
+
+def rebalance(state: GroupState, member_id: str, now: float, policy: GroupPolicy) -> GroupState:
+    """Move free and surplus idle shards to members under quota. A no-op returns ``state`` itself."""
+    me = state.members.get(member_id)
+    if me is None or now - me.joined < policy.grace_s:
+        return state
+    quota = quotas(state)
+    owned: dict[str, list[str]] = {mid: [] for mid in state.members}
+    pool: list[str] = []
+    for shard_id, shard in state.shards.items():
+        if not is_assignable(state, shard):
+            continue
+        if shard.owner in owned:
+            owned[shard.owner].append(shard_id)
+        else:
+            pool.append(shard_id)
+    for mid, shard_ids in owned.items():
+        surplus = len(shard_ids) - quota[mid]
+        if surplus <= 0:
+            continue
+        for shard_id in reversed(shard_ids):
+            if surplus == 0:
+                break
+            if state.shards[shard_id].inflight is None:
+                pool.append(shard_id)
+                surplus -= 1
+    if not pool:
+        return state
+    deficits = sorted(
+        ((quota[mid] - len(shard_ids), mid) for mid, shard_ids in owned.items() if len(shard_ids) < quota[mid]),
+        key=lambda item: (-item[0], item[1]),
+    )
+    if not deficits:
+        return _normalise_free(state, pool)
+    shards = dict(state.shards)
+    position = {shard_id: i for i, shard_id in enumerate(state.shards)}
+    pool.sort(key=position.__getitem__)
+    cursor = 0
+    for deficit, mid in deficits:
+        for shard_id in pool[cursor : cursor + deficit]:
+            shard = shards[shard_id]
+            shards[shard_id] = shard.model_copy(update={"owner": mid, "epoch": shard.epoch + 1, "backlog_since": None})
+        cursor += deficit
+        if cursor >= len(pool):
+            break
+    for shard_id in pool[cursor:]:
+        shard = shards[shard_id]
+        if shard.owner is not None:
+            shards[shard_id] = shard.model_copy(update={"owner": None, "epoch": shard.epoch + 1, "backlog_since": None})
+    return state.model_copy(update={"shards": shards})
+
+
+def _normalise_free(state: GroupState, pool: list[str]) -> GroupState:
+    """Shards left by departed members with nothing in flight: owner cleared (epoch bumped) once."""
+    stale = [s for s in pool if state.shards[s].owner is not None and state.shards[s].owner not in state.members]
+    if not stale:
+        return state
+    shards = dict(state.shards)
+    for shard_id in stale:
+        shard = shards[shard_id]
+        shards[shard_id] = shard.model_copy(update={"owner": None, "epoch": shard.epoch + 1})
+    return state.model_copy(update={"shards": shards})

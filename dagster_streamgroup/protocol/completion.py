@@ -1,0 +1,175 @@
+"""How a run's range ends: commit (fenced), fail (retry, then park or dead-letter), and operator actions.
+
+A commit succeeds only if the run still holds the shard: same owner, same epoch, the shard's committed
+offset equals the range start, and the in-flight record is this run's. Anything else is a typed refusal
+that names the reason and the current owner, and offsets never move backwards. Replaying an accepted
+commit (an ambiguous CAS write retried) reports ``already_committed`` instead of a refusal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from dagster_streamgroup.protocol.membership import add_events
+from dagster_streamgroup.protocol.policy import GroupPolicy
+from dagster_streamgroup.protocol.state import EventKind, GroupEvent, GroupState, Parked, ShardState
+
+
+class RangeReport(BaseModel):
+    """What a run presents when it ends: the identity it was launched with."""
+
+    model_config = ConfigDict(frozen=True)
+    shard: str
+    member_id: str
+    epoch: int
+    start: int
+    end: int
+    run_key: str
+
+
+class Refusal(StrEnum):
+    UNKNOWN_SHARD = "unknown_shard"
+    OWNERSHIP_MOVED = "ownership_moved"
+    NOT_IN_FLIGHT = "not_in_flight"
+    WRONG_START = "wrong_start"
+
+
+class CommitOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    accepted: bool
+    already_committed: bool = False
+    refusal: Refusal | None = None
+    owner: str | None = None
+    epoch: int | None = None
+    committed: int | None = None
+    message: str = ""
+
+
+def _leave_if_departed(state: GroupState, shard: ShardState) -> ShardState:
+    """A draining shard whose run has reported goes back to the pool (epoch bumped)."""
+    if shard.owner is not None and shard.owner not in state.members:
+        return shard.model_copy(update={"owner": None, "epoch": shard.epoch + 1})
+    return shard
+
+
+def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOutcome]:
+    shard = state.shards.get(report.shard)
+    if shard is None:
+        return state, CommitOutcome(
+            accepted=False, refusal=Refusal.UNKNOWN_SHARD, message=f"shard {report.shard} is not in the group"
+        )
+    if shard.last_run_key == report.run_key and shard.committed is not None and shard.committed >= report.end:
+        return state, CommitOutcome(
+            accepted=True,
+            already_committed=True,
+            owner=shard.owner,
+            epoch=shard.epoch,
+            committed=shard.committed,
+            message=f"range [{report.start}, {report.end}) of shard {report.shard} was already committed",
+        )
+
+    def refuse(reason: Refusal, message: str) -> tuple[GroupState, CommitOutcome]:
+        return state, CommitOutcome(
+            accepted=False,
+            refusal=reason,
+            owner=shard.owner,
+            epoch=shard.epoch,
+            committed=shard.committed,
+            message=message,
+        )
+
+    if shard.owner != report.member_id or shard.epoch != report.epoch:
+        return refuse(
+            Refusal.OWNERSHIP_MOVED,
+            f"shard {report.shard} moved: it is now owned by {shard.owner or 'nobody'} at epoch {shard.epoch}; "
+            f"this run was launched by {report.member_id} at epoch {report.epoch}",
+        )
+    if shard.inflight is None or shard.inflight.run_key != report.run_key:
+        current = shard.inflight.run_key if shard.inflight else "none"
+        return refuse(
+            Refusal.NOT_IN_FLIGHT,
+            f"shard {report.shard}: run {report.run_key} is not the range in flight (in flight: {current})",
+        )
+    if shard.committed != report.start:
+        return refuse(
+            Refusal.WRONG_START,
+            f"shard {report.shard}: committed offset is {shard.committed}, the range starts at {report.start}",
+        )
+    done = shard.model_copy(
+        update={"committed": report.end, "inflight": None, "attempt": 0, "last_run_key": report.run_key}
+    )
+    done = _leave_if_departed(state, done)
+    new_state = state.model_copy(update={"shards": {**state.shards, report.shard: done}})
+    return new_state, CommitOutcome(
+        accepted=True,
+        owner=done.owner,
+        epoch=done.epoch,
+        committed=done.committed,
+        message=f"committed shard {report.shard} up to {report.end}",
+    )
+
+
+class FailOutcome(StrEnum):
+    RETRY = "retry"
+    PARKED = "parked"
+    DEAD_LETTERED = "dead_lettered"
+    IGNORED = "ignored"
+
+
+def fail(
+    state: GroupState, report: RangeReport, reason: str, now: float, policy: GroupPolicy
+) -> tuple[GroupState, FailOutcome]:
+    """The run of the in-flight range failed: retry the same offsets, or give the range up as configured.
+
+    A report for a range that is no longer in flight (already handled, or replayed) is ignored."""
+    shard = state.shards.get(report.shard)
+    if shard is None or shard.inflight is None or shard.inflight.run_key != report.run_key:
+        return state, FailOutcome.IGNORED
+    attempts = shard.inflight.attempt + 1
+    base = shard.model_copy(update={"inflight": None})
+    if attempts < policy.max_attempts:
+        updated = _leave_if_departed(state, base.model_copy(update={"attempt": attempts}))
+        return state.model_copy(update={"shards": {**state.shards, report.shard: updated}}), FailOutcome.RETRY
+    detail = f"run {report.run_key} failed {attempts} time(s); last error: {reason}"
+    if policy.after_max_attempts == "park":
+        parked = Parked(start=report.start, end=report.end, reason=detail, at=now)
+        updated = base.model_copy(update={"attempt": attempts, "parked": parked})
+        kind, outcome = EventKind.PARKED, FailOutcome.PARKED
+    else:
+        updated = base.model_copy(update={"attempt": 0, "committed": max(report.end, shard.committed or 0)})
+        kind, outcome = EventKind.DEAD_LETTER, FailOutcome.DEAD_LETTERED
+    updated = _leave_if_departed(state, updated)
+    event = GroupEvent(
+        kind=kind,
+        at=now,
+        shard=report.shard,
+        member_id=report.member_id,
+        start=report.start,
+        end=report.end,
+        detail=detail,
+    )
+    new_state = state.model_copy(update={"shards": {**state.shards, report.shard: updated}})
+    return add_events(new_state, event), outcome
+
+
+def unpark(state: GroupState, shard_id: str, now: float, *, skip: bool = False) -> GroupState:
+    """Operator action: resume a parked shard, retrying its range, or with ``skip`` dead-lettering it."""
+    shard = state.shards.get(shard_id)
+    if shard is None or shard.parked is None:
+        return state
+    parked = shard.parked
+    update: dict[str, object] = {"parked": None, "attempt": 0}
+    if skip:
+        update["committed"] = max(parked.end, shard.committed or 0)
+    event = GroupEvent(
+        kind=EventKind.DEAD_LETTER if skip else EventKind.UNPARKED,
+        at=now,
+        shard=shard_id,
+        start=parked.start,
+        end=parked.end,
+        detail=("skipped by an operator: " if skip else "unparked by an operator: ") + parked.reason,
+    )
+    new_state = state.model_copy(update={"shards": {**state.shards, shard_id: shard.model_copy(update=update)}})
+    return add_events(new_state, event)

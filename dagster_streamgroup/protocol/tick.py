@@ -1,0 +1,54 @@
+"""One member tick as a composition of the transitions, in the order the invariants need.
+
+Evict before assigning (shards of the dead are reassigned in the same write), heartbeat before assigning
+(the member counts itself), rebalance before planning (surplus shards leave at a safe point instead of
+being given a new range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from dagster_streamgroup.protocol.assignment import rebalance
+from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat
+from dagster_streamgroup.protocol.planning import Launch, Watermark, plan, sync_shards
+from dagster_streamgroup.protocol.policy import GroupPolicy
+from dagster_streamgroup.protocol.state import GroupState
+
+
+def new_group(stream: str, group: str, now: float) -> GroupState:
+    return GroupState(stream=stream, group=group, created_at=now)
+
+
+def membership_step(
+    state: GroupState,
+    member_id: str,
+    now: float,
+    policy: GroupPolicy,
+    shard_ids: Iterable[str] | None = None,
+    predecessors: Mapping[str, frozenset[str]] | None = None,
+) -> GroupState:
+    if shard_ids is not None:
+        state = sync_shards(state, shard_ids, now, predecessors)
+    state = evict_stale(state, now, policy.session_timeout_s)
+    state = heartbeat(state, member_id, now)
+    state = expire_drains(state, now, policy.drain_timeout_s)
+    return rebalance(state, member_id, now, policy)
+
+
+def owned_idle_shards(state: GroupState, member_id: str) -> list[str]:
+    """The shards whose watermarks the next ``plan`` needs."""
+    return [sid for sid, s in state.shards.items() if s.owner == member_id and s.inflight is None and s.parked is None]
+
+
+def member_tick(
+    state: GroupState,
+    member_id: str,
+    now: float,
+    policy: GroupPolicy,
+    watermarks: Mapping[str, Watermark],
+    shard_ids: Iterable[str] | None = None,
+) -> tuple[GroupState, list[Launch]]:
+    """The whole tick when the watermarks are already known (the simulator and tests)."""
+    state = membership_step(state, member_id, now, policy, shard_ids)
+    return plan(state, member_id, now, watermarks, policy)
