@@ -1,0 +1,64 @@
+"""Choosing a state store from its URL, so configuration is one string.
+
+The scheme picks the implementation; adding a store is one entry in ``_OPENERS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from dagster_streamgroup.stores.base import StateStore
+from dagster_streamgroup.stores.memory import MemoryStore
+from dagster_streamgroup.stores.sql import SqlStateStore, StoreConfigError, safe_url
+
+
+class StoreNotAvailableError(StoreConfigError):
+    """The URL names a store that this installation does not provide."""
+
+
+def _open_sql(url: str) -> StateStore:
+    return SqlStateStore(url)
+
+
+def _open_memory(url: str) -> StateStore:
+    return MemoryStore(time.time)
+
+
+def _open_v3io(url: str) -> StateStore:
+    raise StoreNotAvailableError(
+        f"{safe_url(url)!r}: the v3io state store is not available in this version; "
+        "use sqlite:///PATH or postgresql://... for the group state"
+    )
+
+
+_OPENERS: dict[str, Callable[[str], StateStore]] = {
+    "sqlite": _open_sql,
+    "postgresql": _open_sql,
+    "postgresql+psycopg": _open_sql,
+    "postgres": _open_sql,
+    "memory": _open_memory,
+    "v3io": _open_v3io,
+}
+
+SUPPORTED = (
+    "sqlite:///PATH (a file, one host)",
+    "postgresql://USER:PASSWORD@HOST:PORT/DB (many hosts)",
+    "memory:// (one process, tests only)",
+)
+
+
+def open_store(url: str, *, field: str = "store_url") -> StateStore:
+    """Open the store that ``url`` names. ``field`` is the configuration field the URL came from, so a bad
+    value is reported where the user can fix it."""
+    scheme, sep, _ = url.partition("://")
+    opener = _OPENERS.get(scheme.lower()) if sep else None
+    if opener is None:
+        shown = safe_url(url) if sep else repr(url)
+        raise StoreConfigError(
+            f"{field}: {shown} is not a state store URL; supported: {'; '.join(SUPPORTED)}"
+        )
+    try:
+        return opener(url)
+    except StoreConfigError as exc:
+        raise type(exc)(f"{field}: {exc}") from None

@@ -1,0 +1,283 @@
+"""The SQL state store: one row per group state, compare-and-set on an integer version column.
+
+SQLite (a file; WAL and a busy timeout so the processes of one host can share it) is the default;
+PostgreSQL serves members on many hosts and supplies the clock they agree on (``clock_timestamp()``).
+
+Why a version column and not a timestamp: v3io-go lost updates while its CAS compared only part of an
+mtime (v3io-go #108); a counter that every write bumps cannot repeat. Why ``INSERT ... ON CONFLICT DO
+NOTHING`` for the first write: an unconditional create let two members both "create" the state and one
+registration vanished (v3io-go #107).
+
+Each row also carries the ``kind`` and ``schema_version`` of the state it holds, copied from the state
+when it is written. The CAS ``UPDATE`` requires them to be ours and not newer, so a row this version
+cannot read is never overwritten, even by a caller that presents its current version.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    inspect,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.schema import CreateTable
+
+from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
+from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
+from dagster_streamgroup.stores.base import StateToken
+
+DEFAULT_TABLE = "streamgroup_state"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+"""How long a SQLite writer waits for another process's write lock before failing (CAS writes take ms)."""
+
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_POSTGRES_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg"}
+
+
+class StoreUnavailableError(RuntimeError):
+    """The store could not be reached or used; the message names it with any password hidden."""
+
+
+class StoreConfigError(ValueError):
+    """The store URL or options are invalid; the message says which part and why."""
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as it may appear in logs and errors: the password replaced by ``***``."""
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except ArgumentError:
+        return "<unparseable URL>"
+    return parsed.render_as_string(hide_password=True)
+
+
+def normalize_url(url: str) -> URL:
+    """Map ``postgresql://``/``postgres://`` to the psycopg 3 driver; check SQLite has a file path."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreConfigError(f"store URL {safe_url(url)!r} cannot be parsed: {exc}") from None
+    if parsed.drivername in _POSTGRES_DRIVERS:
+        return parsed.set(drivername="postgresql+psycopg")
+    if parsed.drivername in {"sqlite", "sqlite+pysqlite"}:
+        if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
+            raise StoreConfigError(
+                f"store URL {safe_url(parsed)!r}: a SQLite store needs a file path "
+                "(sqlite:///path/to/state.db); an in-memory SQLite database "
+                "is private to one connection, use memory:// instead"
+            )
+        return parsed
+    raise StoreConfigError(
+        f"store URL {safe_url(parsed)!r}: SqlStateStore supports sqlite:///PATH and postgresql://..., "
+        f"not {parsed.drivername!r}"
+    )
+
+
+def _state_table(name: str) -> Table:
+    return Table(
+        name,
+        MetaData(),
+        Column("key", Text, primary_key=True),
+        Column("version", BigInteger, nullable=False),
+        Column("kind", Text, nullable=False),
+        Column("schema_version", Integer, nullable=False),
+        Column("body", Text, nullable=False),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    )
+
+
+def _enable_sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
+    """WAL lets readers proceed while one process writes; the busy timeout makes writers queue instead of
+    failing at once. ``journal_mode`` is persistent in the file, so it is only switched when needed."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            cursor.execute("PRAGMA journal_mode = WAL")
+    finally:
+        cursor.close()
+
+
+class SqlStateStore:
+    """A ``StateStore`` over SQLAlchemy Core: ``sqlite:///path`` or ``postgresql://user:pw@host/db``."""
+
+    def __init__(self, url: str, *, table: str = DEFAULT_TABLE) -> None:
+        if not _TABLE_NAME.match(table):
+            raise StoreConfigError(f"table {table!r}: use letters, digits and underscores (at most 63)")
+        parsed = normalize_url(url)
+        self._url = parsed
+        self._safe_url = safe_url(parsed)
+        self._is_postgres = parsed.get_backend_name() == "postgresql"
+        self._table = _state_table(table)
+        self._engine = self._create_engine(parsed)
+        self._ensure_table()
+
+    def __repr__(self) -> str:
+        return f"SqlStateStore({self._safe_url!r}, table={self._table.name!r})"
+
+    @property
+    def url(self) -> str:
+        """The store URL with the password hidden."""
+        return self._safe_url
+
+    def _create_engine(self, parsed: URL) -> Engine:
+        if self._is_postgres:
+            # Sensor ticks are short and frequent: keep a couple of warm connections, check them before use
+            # (a server restart or an idle timeout between ticks must not fail the next tick).
+            return create_engine(
+                parsed,
+                pool_size=2,
+                max_overflow=4,
+                pool_pre_ping=True,
+                pool_recycle=600,
+                connect_args={"connect_timeout": 10, "application_name": "dagster-streamgroup"},
+                hide_parameters=True,
+            )
+        assert parsed.database is not None
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S}, pool_pre_ping=False, hide_parameters=True
+        )
+        event.listen(engine, "connect", _enable_sqlite_wal)
+        return engine
+
+    def _unavailable(self, action: str, exc: DBAPIError) -> StoreUnavailableError:
+        detail = str(exc.orig) if exc.orig is not None else type(exc).__name__
+        password = self._url.password
+        if password:
+            detail = detail.replace(str(password), "***")
+        return StoreUnavailableError(f"state store {self._safe_url}: cannot {action}: {detail.strip()}")
+
+    def _ensure_table(self) -> None:
+        """Create the table if absent. Many members may start at once, and even ``IF NOT EXISTS`` can race
+        (PostgreSQL reports a duplicate type): a failure is fine when the table exists afterwards."""
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(CreateTable(self._table, if_not_exists=True))
+        except DBAPIError as exc:
+            try:
+                exists = inspect(self._engine).has_table(self._table.name)
+            except DBAPIError:
+                exists = False
+            if not exists:
+                self._engine.dispose()
+                raise self._unavailable("create its table", exc) from exc
+
+    def _where(self, key: str) -> str:
+        return f"{self._safe_url} key {key!r}"
+
+    def load(self, key: str) -> tuple[GroupState | None, StateToken | None]:
+        t = self._table
+        try:
+            with self._engine.connect() as conn:
+                row = conn.execute(select(t.c.version, t.c.body).where(t.c.key == key)).one_or_none()
+        except OperationalError as exc:
+            raise self._unavailable(f"load {key!r}", exc) from exc
+        if row is None:
+            return None, None
+        return decode_state(row.body, where=self._where(key)), str(row.version)
+
+    def save_if(self, key: str, state: GroupState, token: StateToken | None) -> bool:
+        body = encode_state(state)
+        try:
+            if token is None:
+                return self._create(key, state, body)
+            return self._update(key, state, body, _parse_token(token))
+        except OperationalError as exc:
+            raise self._unavailable(f"save {key!r}", exc) from exc
+
+    def _create(self, key: str, state: GroupState, body: str) -> bool:
+        values = {
+            "key": key,
+            "version": 1,
+            "kind": state.kind,
+            "schema_version": state.schema_version,
+            "body": body,
+        }
+        insert = pg_dialect.insert if self._is_postgres else sqlite_dialect.insert
+        stmt = (
+            insert(self._table)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(self._table.c.version)
+        )
+        # RETURNING rather than rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT under SQLAlchemy.
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).scalar_one_or_none() is not None
+
+    def _update(self, key: str, state: GroupState, body: str, version: int) -> bool:
+        t = self._table
+        stmt = (
+            update(t)
+            .where(
+                t.c.key == key,
+                t.c.version == version,
+                t.c.kind == STATE_KIND,
+                t.c.schema_version <= SCHEMA_VERSION,
+            )
+            .values(
+                version=t.c.version + 1,
+                kind=state.kind,
+                schema_version=state.schema_version,
+                body=body,
+                updated_at=func.now(),
+            )
+            .returning(t.c.version)
+        )
+        with self._engine.begin() as conn:
+            if conn.execute(stmt).scalar_one_or_none() is not None:
+                return True
+            current = conn.execute(select(t.c.version).where(t.c.key == key)).scalar_one_or_none()
+            if current != version:
+                return False
+            # The version matched, so the row was refused for what it holds: say why, loudly, rather than
+            # report a conflict that the caller would retry forever.
+            stored = conn.execute(select(t.c.body).where(t.c.key == key)).scalar_one()
+        decode_state(stored, where=self._where(key))
+        raise ForeignStateError(
+            f"{self._where(key)}: the row is marked as not a readable dagster-streamgroup state; "
+            "refusing to overwrite it"
+        )
+
+    def now(self) -> float:
+        if not self._is_postgres:
+            return time.time()
+        try:
+            with self._engine.connect() as conn:
+                value = conn.execute(select(func.extract("epoch", func.clock_timestamp()))).scalar_one()
+        except OperationalError as exc:
+            raise self._unavailable("read its clock", exc) from exc
+        return float(value)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def _parse_token(token: StateToken) -> int:
+    try:
+        return int(token)
+    except (TypeError, ValueError):
+        raise StoreConfigError(
+            f"token {token!r} is not a version issued by a SQL store (expected the string of an integer)"
+        ) from None
