@@ -1,0 +1,511 @@
+"""The Kafka stream backend (confluent-kafka): a topic set whose shards are ``"<topic>:<partition>"``.
+
+Offsets are committed from an assign-only consumer, never a ``subscribe()`` member: the group stays
+*Empty* on the broker, so any number of processes can mirror the group's progress there and Kafka's own
+lag tools see it. Ranges are read with a consumer assigned at explicit offsets; reading stops at ``end``
+even when offsets are sparse (compaction, transaction markers), using the broker's end-of-partition
+events to learn that the missing offsets hold no records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from dagster_streamgroup.streams.base import (
+    CommitRejectedError,
+    OffsetOutOfRangeError,
+    RangeIncompleteError,
+    StreamError,
+    Watermarks,
+)
+from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig, PropertyValue
+
+HEADERS_TYPE = pa.list_(
+    pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+)
+
+KAFKA_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
+"""Spark's own Kafka source schema, in the exact Arrow form Spark expects from a Python data source."""
+
+READER_DEFAULTS: dict[str, PropertyValue] = {
+    # librdkafka pauses fetching for fetch.queue.backoff.ms (default 1 s) whenever a partition's local
+    # queue is above queued.min.messages; a 10 ms backoff with a 50k-message queue kept bounded reads
+    # at full speed on every setting measured (docs/kafka.md).
+    "fetch.queue.backoff.ms": 10,
+    "queued.min.messages": 50_000,
+}
+READER_FORCED: dict[str, PropertyValue] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+    "auto.offset.reset": "error",
+}
+READER_GROUP = "streamgroup-range-reader"
+"""librdkafka wants a group.id even for assign-only consumers; readers never commit into it."""
+
+_TIMESTAMP_STRUCT = pa.struct([pa.field("type", pa.int32()), pa.field("ms", pa.int64())])
+_REJECTED_COMMIT_CODES = {
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.REBALANCE_IN_PROGRESS,
+}
+
+
+def shard_id(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def parse_shard(shard: str) -> tuple[str, int]:
+    """``"topic:3"`` -> ``("topic", 3)``; topic names cannot contain ':' so the split is unambiguous."""
+    topic, sep, partition = shard.rpartition(":")
+    if not sep or not topic or not partition.isdigit():
+        raise ValueError(f"shard {shard!r} is not '<topic>:<partition>'")
+    return topic, int(partition)
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """The records of one Kafka partition with offsets in ``[start, end)``."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"range of {self.shard}: need 0 <= start <= end, got [{self.start}, {self.end})")
+
+    @property
+    def shard(self) -> str:
+        return shard_id(self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class _Progress:
+    range: PartitionRange
+    pos: int
+    """Next offset that can still hold a record of the range."""
+    eof_at: int | None = None
+    """Where the broker last said the partition ended, if below ``end``."""
+    done: bool = False
+
+
+def reader_config(client_config: Mapping[str, PropertyValue]) -> dict[str, PropertyValue]:
+    """The consumer configuration of a range reader: the user's properties win over our tuning defaults,
+    but never over the settings that exactness depends on."""
+    config = {**READER_DEFAULTS, **client_config, **READER_FORCED}
+    config.setdefault("group.id", READER_GROUP)
+    return config
+
+
+def messages_to_batch(
+    msgs: Sequence[Message], offsets: list[int], topic: str | None, partition: int | None
+) -> pa.RecordBatch:
+    """Build one Arrow batch column by column: ``map`` over the C-level accessors keeps the per-record
+    Python work to a few calls, which is what makes the reader as fast as a bare consume loop."""
+    n = len(msgs)
+    if topic is not None:
+        topics: pa.Array = pa.repeat(pa.scalar(topic, pa.string()), n)
+    else:
+        topics = pa.array(list(map(Message.topic, msgs)), pa.string())
+    if partition is not None:
+        partitions: pa.Array = pa.repeat(pa.scalar(partition, pa.int32()), n)
+    else:
+        partitions = pa.array(list(map(Message.partition, msgs)), pa.int32())
+    stamps = pa.array(list(map(Message.timestamp, msgs)), _TIMESTAMP_STRUCT)
+    kinds = stamps.field(0)
+    millis = stamps.field(1)
+    timestamps = pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC"))
+    unavailable = pc.equal(kinds, 0)
+    if pc.any(unavailable).as_py():
+        timestamps = pc.if_else(unavailable, pa.scalar(None, timestamps.type), timestamps)
+    # confluent-kafka: 0 not available, 1 create time, 2 log append time; Spark/Java: -1, 0, 1.
+    kinds = pc.subtract(kinds, pa.scalar(1, pa.int32()))
+    headers = list(map(Message.headers, msgs))
+    header_array = pa.array(headers, HEADERS_TYPE) if any(headers) else pa.nulls(n, HEADERS_TYPE)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(list(map(Message.key, msgs)), pa.binary()),
+            pa.array(list(map(Message.value, msgs)), pa.binary()),
+            topics,
+            partitions,
+            pa.array(offsets, pa.int64()),
+            timestamps,
+            kinds,
+            header_array,
+        ],
+        schema=KAFKA_ARROW_SCHEMA,
+    )
+
+
+def _describe_incomplete(progress: Sequence[_Progress], waited_s: float) -> str:
+    parts = []
+    for p in progress:
+        if p.done:
+            continue
+        r = p.range
+        where = (
+            f"the partition ends at {p.eof_at} (its high watermark), below the range end"
+            if p.eof_at is not None
+            else "the broker sent neither records nor an end-of-partition"
+        )
+        parts.append(f"{r.shard} [{r.start}, {r.end}) read up to {p.pos}: {where}")
+    return (
+        f"range could not be completed: no progress for {waited_s:.1f} s; "
+        + "; ".join(parts)
+        + ". The range may have been planned past the data (e.g. the log was truncated), or the broker is "
+        "unreachable; nothing was committed."
+    )
+
+
+def _raise_read_error(consumer: Consumer, err: KafkaError, msg: Message, progress: Sequence[_Progress]) -> None:
+    code = err.code()
+    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        match = [p for p in progress if (p.range.topic, p.range.partition) == (msg.topic(), msg.partition())]
+        target = match[0] if match else progress[0]
+        low, _ = consumer.get_watermark_offsets(
+            TopicPartition(target.range.topic, target.range.partition), timeout=10, cached=False
+        )
+        raise OffsetOutOfRangeError(target.range.shard, target.pos, low) from KafkaException(err)
+    raise StreamError(f"reading {msg.topic()}:{msg.partition()} failed: {err.str()}") from KafkaException(err)
+
+
+def read_ranges(
+    client_config: Mapping[str, PropertyValue],
+    ranges: Sequence[PartitionRange],
+    *,
+    batch_size: int = 10_000,
+    stall_timeout_s: float = 30.0,
+    poll_timeout_s: float = 0.25,
+) -> Iterator[pa.RecordBatch]:
+    """Exactly the records of every range, as Arrow batches of ``KAFKA_ARROW_SCHEMA``, with one consumer.
+
+    A range is complete when a record at or after its end arrives, or when the broker reports the end of
+    the partition at or after the range end (offsets it skipped hold no records: compacted away, or
+    transaction markers). Below the range end, an end-of-partition only means "not yet": records may still
+    be appended there, so the reader keeps waiting, and gives up with ``RangeIncompleteError`` after
+    ``stall_timeout_s`` without progress.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    keys = [(r.topic, r.partition) for r in ranges]
+    if len(set(keys)) != len(keys):
+        raise ValueError("one read cannot hold two ranges of the same partition")
+    progress = [_Progress(r, r.start) for r in ranges if r.size > 0]
+    if not progress:
+        return
+    by_key = {(p.range.topic, p.range.partition): p for p in progress}
+    by_partition = {p.range.partition: p for p in progress}
+    topics = {p.range.topic for p in progress}
+    single_topic = next(iter(topics)) if len(topics) == 1 else None
+    single = progress[0] if len(progress) == 1 else None
+
+    consumer = Consumer(reader_config(client_config))
+    try:
+        for p in progress:
+            tp = TopicPartition(p.range.topic, p.range.partition)
+            try:
+                low, _high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            except KafkaException as exc:
+                raise StreamError(f"{p.range.shard}: cannot read its watermarks: {exc.args[0].str()}") from exc
+            if p.range.start < low:
+                raise OffsetOutOfRangeError(p.range.shard, p.range.start, low)
+        consumer.assign([TopicPartition(p.range.topic, p.range.partition, p.range.start) for p in progress])
+        last_progress = time.monotonic()
+        pending = len(progress)
+        while pending:
+            remaining = sum(p.range.end - p.pos for p in progress if not p.done)
+            msgs = consumer.consume(min(batch_size, max(remaining, 1)), poll_timeout_s)
+            now = time.monotonic()
+            if msgs and any(map(Message.error, msgs)):
+                data = []
+                for msg in msgs:
+                    err = msg.error()
+                    if err is None:
+                        data.append(msg)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        p_eof = by_key.get((str(msg.topic()), int(msg.partition() or 0)))
+                        eof_offset = int(msg.offset() or 0)
+                        if p_eof is None or p_eof.done:
+                            continue
+                        if eof_offset >= p_eof.range.end:
+                            p_eof.done = True
+                            pending -= 1
+                            consumer.pause([TopicPartition(p_eof.range.topic, p_eof.range.partition)])
+                            last_progress = now
+                        else:
+                            p_eof.eof_at = eof_offset
+                    else:
+                        _raise_read_error(consumer, err, msg, progress)
+                msgs = data
+            if not msgs:
+                if now - last_progress > stall_timeout_s:
+                    raise RangeIncompleteError(_describe_incomplete(progress, now - last_progress))
+                continue
+            last_progress = now
+            offsets = cast("list[int]", list(map(Message.offset, msgs)))
+            if single is not None:
+                last_seen = {(single.range.topic, single.range.partition): offsets[-1]}
+                keys_of_msgs: list[tuple[str, int]] | None = None
+            elif single_topic is not None:
+                parts = cast("list[int]", list(map(Message.partition, msgs)))
+                last_seen = {(single_topic, part): off for part, off in zip(parts, offsets, strict=True)}
+                keys_of_msgs = None
+            else:
+                keys_of_msgs = list(
+                    zip(
+                        cast("list[str]", list(map(Message.topic, msgs))),
+                        cast("list[int]", list(map(Message.partition, msgs))),
+                        strict=True,
+                    )
+                )
+                last_seen = dict(zip(keys_of_msgs, offsets, strict=True))
+            overshoot = False
+            for key, last in last_seen.items():
+                p = by_key[key]
+                if p.done:
+                    overshoot = True
+                    continue
+                p.pos = max(p.pos, last + 1)
+                if last >= p.range.end - 1:
+                    overshoot = overshoot or last >= p.range.end
+                    p.done = True
+                    pending -= 1
+                    consumer.pause([TopicPartition(*key)])
+            if overshoot:
+                if keys_of_msgs is None:
+                    if single is not None:
+                        ends = [single.range.end] * len(msgs)
+                    else:
+                        ends = [by_partition[cast(int, m.partition())].range.end for m in msgs]
+                else:
+                    ends = [by_key[k].range.end for k in keys_of_msgs]
+                kept = [i for i, (off, end) in enumerate(zip(offsets, ends, strict=True)) if off < end]
+                msgs = [msgs[i] for i in kept]
+                offsets = [offsets[i] for i in kept]
+                if not msgs:
+                    continue
+            yield messages_to_batch(
+                msgs,
+                offsets,
+                single_topic,
+                single.range.partition if single is not None else None,
+            )
+    finally:
+        consumer.close()
+
+
+class KafkaBackend:
+    """``StreamBackend`` over a Kafka topic set (see the module docstring for the commit model)."""
+
+    def __init__(
+        self,
+        config: KafkaStreamConfig,
+        *,
+        request_timeout_s: float = 10.0,
+        stall_timeout_s: float = 30.0,
+    ) -> None:
+        self.config = config
+        self.request_timeout_s = request_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self._admin: AdminClient | None = None
+
+    def __repr__(self) -> str:
+        return f"KafkaBackend({self.stream_id!r})"
+
+    @property
+    def stream_id(self) -> str:
+        servers = ",".join(sorted(s.lower() for s in self.config.bootstrap_servers.split(",")))
+        return f"kafka://{servers}/{','.join(self.config.topics)}"
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return KAFKA_ARROW_SCHEMA
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self.config.client_config())
+        return self._admin
+
+    def _topic_partition(self, shard: str, offset: int | None = None) -> TopicPartition:
+        topic, partition = parse_shard(shard)
+        if topic not in self.config.topics:
+            raise ValueError(f"shard {shard!r}: topic {topic!r} is not one of the stream's topics {self.config.topics}")
+        return TopicPartition(topic, partition) if offset is None else TopicPartition(topic, partition, offset)
+
+    def shards(self) -> list[str]:
+        with _wrapped("listing the stream's partitions"):
+            metadata = self.admin.list_topics(timeout=self.request_timeout_s)
+        shards: list[str] = []
+        for topic in self.config.topics:
+            meta = metadata.topics.get(topic)
+            if meta is None or (
+                meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            ):
+                raise StreamError(f"topic {topic!r} does not exist on {self.config.bootstrap_servers}")
+            if meta.error is not None:
+                raise StreamError(f"topic {topic!r}: {meta.error.str()}") from KafkaException(meta.error)
+            shards.extend(shard_id(topic, p) for p in sorted(meta.partitions))
+        return shards
+
+    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], what: str) -> dict[str, int]:
+        if not specs:
+            return {}
+        isolation = str(self.config.properties.get("isolation.level", "read_committed"))
+        level = IsolationLevel.READ_UNCOMMITTED if isolation == "read_uncommitted" else IsolationLevel.READ_COMMITTED
+        with _wrapped(what):
+            futures = self.admin.list_offsets(
+                specs, isolation_level=level, request_timeout=self.request_timeout_s
+            )
+            return {shard_id(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+
+    def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
+        tps = [self._topic_partition(s) for s in shards]
+        lows = self._list_offsets({tp: _spec_earliest() for tp in tps}, "reading low watermarks")
+        highs = self._list_offsets({tp: _spec_latest() for tp in tps}, "reading high watermarks")
+        return {s: Watermarks(lows[s], highs[s]) for s in shards}
+
+    def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
+        _check_group(group)
+        tps = [self._topic_partition(s) for s in shards]
+        if not tps:
+            return {}
+        with _wrapped(f"reading the committed offsets of group {group!r}"):
+            futures = self.admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, tps)], request_timeout=self.request_timeout_s
+            )
+            result = futures[group].result()
+        out: dict[str, int | None] = {}
+        for tp in result.topic_partitions:
+            if tp.error is not None:
+                raise StreamError(
+                    f"committed offset of {shard_id(tp.topic, tp.partition)} in group {group!r}: {tp.error.str()}"
+                ) from KafkaException(tp.error)
+            out[shard_id(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+        return {s: out.get(s) for s in shards}
+
+    def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
+        """Mirror offsets into the group from an assign-only consumer, keeping the larger of stored and
+        requested per shard. Kafka has no conditional commit, so a concurrent committer could still race
+        between our read and our write; the group's fenced state object remains the source of truth."""
+        _check_group(group)
+        for shard, offset in offsets.items():
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"commit of {shard}: offset must be an int >= 0, got {offset!r}")
+        tps = {shard: self._topic_partition(shard) for shard in offsets}
+        if not tps:
+            return {}
+        consumer = Consumer(
+            {
+                **self.config.client_config(),
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+        )
+        try:
+            with _wrapped(f"reading the committed offsets of group {group!r}"):
+                current = consumer.committed(list(tps.values()), timeout=self.request_timeout_s)
+            stored = {shard_id(tp.topic, tp.partition): tp.offset for tp in current}
+            effective = {s: max(offsets[s], stored.get(s, -1)) for s in offsets}
+            advance = [self._topic_partition(s, offsets[s]) for s in offsets if offsets[s] > stored.get(s, -1)]
+            if advance:
+                try:
+                    results = consumer.commit(offsets=advance, asynchronous=False)
+                except KafkaException as exc:
+                    _raise_commit_error(group, exc)
+                for tp in results or []:
+                    if tp.error is not None:
+                        _raise_commit_error(group, KafkaException(tp.error))
+            return effective
+        finally:
+            consumer.close()
+
+    def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
+        tp = self._topic_partition(shard)
+        found = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms)}, f"looking up a time in {shard}")
+        if found[shard] >= 0:
+            return found[shard]
+        return self._list_offsets({tp: _spec_latest()}, f"reading the high watermark of {shard}")[shard]
+
+    def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
+        tp = self._topic_partition(shard)
+        return read_ranges(
+            self.config.client_config(),
+            [PartitionRange(tp.topic, tp.partition, start, end)],
+            batch_size=batch_size,
+            stall_timeout_s=self.stall_timeout_s,
+        )
+
+    def close(self) -> None:
+        self._admin = None
+
+
+def _spec_earliest() -> OffsetSpec:
+    return cast(OffsetSpec, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+
+
+def _spec_latest() -> OffsetSpec:
+    return cast(OffsetSpec, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+
+
+def _check_group(group: str) -> None:
+    if not isinstance(group, str) or not group.strip():
+        raise ValueError(f"group must be a non-empty string, got {group!r}")
+
+
+def _raise_commit_error(group: str, exc: KafkaException) -> None:
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if err is not None and err.code() in _REJECTED_COMMIT_CODES:
+        raise CommitRejectedError(
+            f"the broker rejected the offset commit for group {group!r} ({err.name()}): the group has live "
+            "subscribe() members. Our members commit from assign-only consumers, which Kafka accepts only "
+            "while the group has no active members; stop the other consumers of this group or use another "
+            "group name."
+        ) from exc
+    raise StreamError(f"committing offsets of group {group!r} failed: {err.str() if err else exc}") from exc
+
+
+@contextlib.contextmanager
+def _wrapped(what: str) -> Iterator[None]:
+    """Add what we were doing to a KafkaException, keeping it (and its KafkaError code) as the cause."""
+    try:
+        yield
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        raise StreamError(f"{what}: {err.str() if err else exc}") from exc
