@@ -20,9 +20,9 @@ class ServerConfig(BaseModel):
         None, description="When set, requests must carry this key; otherwise any non-empty key passes."
     )
     synchronous: Literal["FULL", "NORMAL"] = Field(
-        "FULL",
-        description="SQLite synchronous mode: FULL fsyncs every acknowledged write; NORMAL survives a killed "
-        "process but not a power loss.",
+        "NORMAL",
+        description="SQLite synchronous mode: NORMAL keeps every acknowledged write through a killed server; "
+        "FULL also fsyncs each one, surviving power loss at a few milliseconds per write.",
     )
     hour_seconds: float = Field(
         3600.0, gt=0, description="Seconds in one retention hour (tests shorten it to watch retention trim)."

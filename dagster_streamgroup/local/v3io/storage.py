@@ -1,13 +1,15 @@
 """SQLite persistence: one database file under the data directory, WAL journal, one connection.
 
 The server handles one request at a time on its event loop and wraps every mutating request in one
-transaction that commits before the response is sent, so an acknowledged write is in the WAL. With
-``synchronous=FULL`` (the default) it is also fsynced, which survives power loss, not just a killed
-process.
+transaction that commits before the response is sent, so an acknowledged write is in the WAL and
+survives a killed server. ``synchronous=FULL`` also fsyncs every commit, which survives power loss
+too, at several milliseconds per write.
 
 Layout: ``nodes`` is the namespace (directories, objects/items, stream shards) with typed attributes
 as JSON; ``streams`` marks directories that are streams; ``shards`` keeps each materialised shard's
-sequence bounds; ``records`` holds stream records keyed by (shard node, sequence number).
+sequence bounds; ``chunks`` holds stream records, one row per shard per PutRecords request: the
+records of a chunk share one arrival time and are stored as the JSON array GetRecords answers with, so
+a read is mostly byte concatenation.
 """
 
 from __future__ import annotations
@@ -58,15 +60,15 @@ CREATE TABLE IF NOT EXISTS shards(
     last_arrival_ns INTEGER NOT NULL,
     UNIQUE(stream_id, shard_id)
 );
-CREATE TABLE IF NOT EXISTS records(
+CREATE TABLE IF NOT EXISTS chunks(
+    id INTEGER PRIMARY KEY,
     shard INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
     arrival_ns INTEGER NOT NULL,
-    data TEXT NOT NULL,
-    client_info TEXT,
-    partition_key TEXT,
-    PRIMARY KEY(shard, seq)
-) WITHOUT ROWID;
+    body BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_seq ON chunks(shard, first_seq, last_seq, arrival_ns);
 """
 
 
@@ -105,8 +107,8 @@ class ShardRow:
     last_arrival_ns: int
 
 
-RecordRow = tuple[int, int, str, str | None, str | None]
-"""(seq, arrival_ns, data_b64, client_info_b64, partition_key)"""
+ChunkRow = tuple[int, int, int, bytes]
+"""(first_seq, last_seq, arrival_ns, body): ``body`` is a JSON array of GetRecords record objects."""
 
 
 class Clock:
@@ -128,7 +130,7 @@ class Clock:
 
 
 class Storage:
-    def __init__(self, data_dir: Path, *, synchronous: str = "FULL") -> None:
+    def __init__(self, data_dir: Path, *, synchronous: str = "NORMAL") -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / DB_FILE
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -248,7 +250,7 @@ class Storage:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            self.db.execute(f"DELETE FROM records WHERE shard IN ({marks})", chunk)
+            self.db.execute(f"DELETE FROM chunks WHERE shard IN ({marks})", chunk)
             self.db.execute(f"DELETE FROM shards WHERE node_id IN ({marks})", chunk)
             self.db.execute(f"DELETE FROM streams WHERE node_id IN ({marks})", chunk)
             self.db.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
@@ -303,48 +305,62 @@ class Storage:
         )
         return ShardRow(node.id, stream.node_id, shard_id, 1, 0, 0)
 
-    def append_records(self, shard: ShardRow, rows: list[tuple[int, int, int, str, str | None, str | None]]) -> None:
-        """Insert ``(shard, seq, arrival_ns, data, client_info, partition_key)`` rows and move the bounds."""
-        self.db.executemany("INSERT INTO records VALUES(?,?,?,?,?,?)", rows)
-        shard.last_seq = rows[-1][1]
-        shard.last_arrival_ns = rows[-1][2]
-        mtime = self.clock.next()
+    def append_chunk(self, shard: ShardRow, last_seq: int, arrival_ns: int, body: bytes) -> None:
+        """Store records ``shard.last_seq + 1 .. last_seq`` and move the shard's bounds."""
         self.db.execute(
-            "UPDATE shards SET last_seq=?, last_arrival_ns=? WHERE node_id=?",
-            (shard.last_seq, shard.last_arrival_ns, shard.node_id),
+            "INSERT INTO chunks(shard, first_seq, last_seq, arrival_ns, body) VALUES(?,?,?,?,?)", (shard.node_id, shard.last_seq + 1, last_seq, arrival_ns, body)
         )
-        self.db.execute("UPDATE nodes SET mtime_ns=max(mtime_ns + 1, ?) WHERE id=?", (mtime, shard.node_id))
+        shard.last_seq = last_seq
+        shard.last_arrival_ns = arrival_ns
+        self.db.execute(
+            "UPDATE shards SET last_seq=?, last_arrival_ns=? WHERE node_id=?", (last_seq, arrival_ns, shard.node_id)
+        )
+        self.db.execute("UPDATE nodes SET mtime_ns=max(mtime_ns + 1, ?) WHERE id=?", (self.clock.next(), shard.node_id))
 
     def trim(self, shard: ShardRow, cutoff_ns: int) -> None:
-        """Drop records that arrived before ``cutoff_ns``; sequence numbers never restart."""
+        """Drop chunks that arrived before ``cutoff_ns``; sequence numbers never restart."""
         row = self.db.execute(
-            "SELECT arrival_ns FROM records WHERE shard=? AND seq=?", (shard.node_id, shard.first_seq)
+            "SELECT arrival_ns FROM chunks WHERE shard=? ORDER BY first_seq LIMIT 1", (shard.node_id,)
         ).fetchone()
         if row is None or row[0] >= cutoff_ns:
             return
         first = self.first_seq_at_or_after(shard, cutoff_ns)
-        self.db.execute("DELETE FROM records WHERE shard=? AND seq<?", (shard.node_id, first))
+        self.db.execute("DELETE FROM chunks WHERE shard=? AND first_seq<?", (shard.node_id, first))
         self.db.execute("UPDATE shards SET first_seq=? WHERE node_id=?", (first, shard.node_id))
         shard.first_seq = first
 
     def first_seq_at_or_after(self, shard: ShardRow, arrival_ns: int) -> int:
-        """Arrival times never decrease along a shard, so a binary search over sequence numbers finds it."""
+        """First sequence number that arrived at or after ``arrival_ns`` (``last_seq + 1`` if none).
+
+        Arrival times never decrease along a shard, so a binary search over sequence numbers finds it.
+        """
         low, high = shard.first_seq, shard.last_seq + 1
         while low < high:
             mid = (low + high) // 2
             row = self.db.execute(
-                "SELECT arrival_ns FROM records WHERE shard=? AND seq>=? ORDER BY seq LIMIT 1",
+                "SELECT first_seq, arrival_ns FROM chunks WHERE shard=? AND first_seq<=? "
+                "ORDER BY first_seq DESC LIMIT 1",
                 (shard.node_id, mid),
             ).fetchone()
-            if row is None or row[0] >= arrival_ns:
-                high = mid
+            if row is None or row[1] >= arrival_ns:
+                high = mid if row is None else min(mid, row[0])
             else:
                 low = mid + 1
-        return low
+        return max(low, shard.first_seq)
 
-    def read_records(self, shard: ShardRow, from_seq: int, limit: int) -> list[RecordRow]:
-        return self.db.execute(
-            "SELECT seq, arrival_ns, data, client_info, partition_key FROM records "
-            "WHERE shard=? AND seq>=? ORDER BY seq LIMIT ?",
-            (shard.node_id, from_seq, limit),
-        ).fetchall()
+    def read_chunks(self, shard: ShardRow, from_seq: int, max_records: int) -> list[ChunkRow]:
+        """The chunks holding records ``from_seq ..``, enough for ``max_records`` records."""
+        cursor = self.db.execute(
+            "SELECT first_seq, last_seq, arrival_ns, body FROM chunks WHERE shard=? AND first_seq >= "
+            "coalesce((SELECT max(first_seq) FROM chunks WHERE shard=? AND first_seq<=?), 0) ORDER BY first_seq",
+            (shard.node_id, shard.node_id, from_seq),
+        )
+        out: list[ChunkRow] = []
+        count = 0
+        for row in cursor:
+            out.append(row)
+            count += row[1] - max(row[0], from_seq) + 1
+            if count >= max_records:
+                break
+        cursor.close()
+        return out

@@ -17,9 +17,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from dagster_streamgroup.local.v3io import errors, namespace, paths
 from dagster_streamgroup.local.v3io.paths import Target
-from dagster_streamgroup.local.v3io.protocol import Request, Response, json_body, json_response, optional_int
+from dagster_streamgroup.local.v3io.protocol import JSON, Request, Response, json_body, json_response, optional_int
 from dagster_streamgroup.local.v3io.storage import KIND_DIRECTORY, ShardRow, Storage, StreamRow
 
 MAX_SHARDS = 4096
@@ -127,35 +129,60 @@ class StreamEngine:
             raise errors.stream_invalid(
                 f"Records holds {len(records)} records; at most {MAX_RECORDS_PER_PUT} per request"
             )
+        a2b = binascii.a2b_base64
         with self.store.transaction():
             stream = self._stream(target.container, target.path)
-            results: list[dict[str, Any]] = []
-            by_shard: dict[int, list[tuple[int, str, str | None, str | None]]] = {}
-            for index, record in enumerate(records):
-                try:
-                    shard_id, data, info, key = self._check_record(stream, record, index)
-                except errors.V3ioError as exc:
-                    results.append({"ErrorCode": exc.code, "ErrorMessage": exc.message})
-                    continue
-                by_shard.setdefault(shard_id, []).append((index, data, info, key))
-                results.append({"ShardId": shard_id})
+            shard_count = stream.shard_count
             now = time.time_ns()
             cutoff = now - int(stream.retention_hours * self.settings.hour_seconds * _NS)
-            for shard_id, items in by_shard.items():
-                shard = self.store.get_shard(stream.node_id, shard_id) or self.store.create_shard(stream, shard_id)
-                self.store.trim(shard, cutoff)
-                arrival = max(now, shard.last_arrival_ns)
-                seq = shard.last_seq
-                rows = []
-                for index, data, info, key in items:
-                    seq += 1
-                    rows.append((shard.node_id, seq, arrival, data, info, key))
-                    results[index]["SequenceNumber"] = seq
-                self.store.append_records(shard, rows)
-        failed = len(records) - sum(len(items) for items in by_shard.values())
+            # shard id -> [shard row, next sequence number, arrival secs, arrival nsecs, stored records]
+            open_shards: dict[int, list[Any]] = {}
+            results: list[dict[str, Any]] = []
+            failed = 0
+            for index, record in enumerate(records):
+                # Fast path for the common shape {"Data": ..., "ShardId": n}; anything else is checked in full.
+                data = record.get("Data") if type(record) is dict else None
+                shard_id = record.get("ShardId") if type(record) is dict else None
+                out: dict[str, Any] | None = None
+                sid = -1
+                if type(shard_id) is int and type(data) is str and len(record) == 2 and 0 <= shard_id < shard_count:
+                    try:
+                        size = len(a2b(data, strict_mode=True))
+                    except (binascii.Error, ValueError):
+                        size = -1
+                    if 0 <= size <= MAX_RECORD_BYTES:
+                        sid = shard_id
+                        out = {"ArrivalTimeSec": 0, "ArrivalTimeNSec": 0, "SequenceNumber": 0, "Data": data}
+                if out is None:
+                    try:
+                        sid, out = self._check_record(stream, record, index)
+                    except errors.V3ioError as exc:
+                        results.append({"ErrorCode": exc.code, "ErrorMessage": exc.message})
+                        failed += 1
+                        continue
+                state = open_shards.get(sid)
+                if state is None:
+                    state = open_shards[sid] = self._open_shard(stream, sid, now, cutoff)
+                seq = state[1]
+                state[1] = seq + 1
+                out["ArrivalTimeSec"] = state[2]
+                out["ArrivalTimeNSec"] = state[3]
+                out["SequenceNumber"] = seq
+                state[4].append(out)
+                results.append({"SequenceNumber": seq, "ShardId": sid})
+            for shard, next_seq, secs, nsecs, stored in open_shards.values():
+                self.store.append_chunk(shard, next_seq - 1, secs * _NS + nsecs, orjson.dumps(stored))
         return json_response({"FailedRecordCount": failed, "Records": results})
 
-    def _check_record(self, stream: StreamRow, record: object, index: int) -> tuple[int, str, str | None, str | None]:
+    def _open_shard(self, stream: StreamRow, shard_id: int, now: int, cutoff: int) -> list[Any]:
+        """Materialise the shard if needed, apply retention, and fix this request's arrival time for it."""
+        shard = self.store.get_shard(stream.node_id, shard_id) or self.store.create_shard(stream, shard_id)
+        self.store.trim(shard, cutoff)
+        secs, nsecs = divmod(max(now, shard.last_arrival_ns), _NS)
+        return [shard, shard.last_seq + 1, secs, nsecs, []]
+
+    def _check_record(self, stream: StreamRow, record: object, index: int) -> tuple[int, dict[str, Any]]:
+        """The record's shard and its stored form (what GetRecords returns, minus arrival and sequence)."""
         where = f"Records[{index}]"
         if not isinstance(record, dict):
             raise errors.stream_invalid(f"{where} must be an object")
@@ -164,18 +191,21 @@ class StreamEngine:
             raise errors.stream_invalid(f"{where}.Data must be a base64 string")
         if _b64_size(data, f"{where}.Data") > MAX_RECORD_BYTES:
             raise errors.stream_invalid(f"{where}.Data is larger than {MAX_RECORD_BYTES} bytes")
+        out: dict[str, Any] = {"ArrivalTimeSec": 0, "ArrivalTimeNSec": 0, "SequenceNumber": 0, "Data": data}
         info = record.get("ClientInfo")
         if info is not None:
             if not isinstance(info, str):
                 raise errors.stream_invalid(f"{where}.ClientInfo must be a base64 string")
             if _b64_size(info, f"{where}.ClientInfo") > MAX_CLIENT_INFO_BYTES:
                 raise errors.stream_invalid(f"{where}.ClientInfo is larger than {MAX_CLIENT_INFO_BYTES} bytes")
+            out["ClientInfo"] = info
         key = record.get("PartitionKey")
         if key is not None:
             if not isinstance(key, str):
                 raise errors.stream_invalid(f"{where}.PartitionKey must be a string")
             if len(key.encode("utf-8", "surrogatepass")) > MAX_PARTITION_KEY_BYTES:
                 raise errors.stream_invalid(f"{where}.PartitionKey is longer than {MAX_PARTITION_KEY_BYTES} bytes")
+            out["PartitionKey"] = key
         shard_id = record.get("ShardId")
         if shard_id is not None:
             if isinstance(shard_id, bool) or not isinstance(shard_id, int):
@@ -187,7 +217,7 @@ class StreamEngine:
         else:
             shard_id = self._round_robin.get(stream.node_id, 0) % stream.shard_count
             self._round_robin[stream.node_id] = shard_id + 1
-        return shard_id, data, info, key
+        return shard_id, out
 
     # --- reading --------------------------------------------------------------------------------------
 
@@ -245,41 +275,39 @@ class StreamEngine:
             )
         if position > shard.last_seq + 1:
             raise errors.illegal_location(f"the location points past the end of the shard ({position})")
-        rows = self.store.read_records(shard, position, limit)
-        out: list[dict[str, Any]] = []
+        parts: list[bytes] = []
+        count = 0
         size = 0
-        for seq, arrival, data, info, key in rows:
-            size += len(data)
-            if out and size > MAX_GET_BYTES:
+        last_seq = position - 1
+        last_arrival = 0
+        for first, last, arrival, chunk in self.store.read_chunks(shard, position, limit):
+            start = max(first, position)
+            stop = min(last, start + (limit - count) - 1)
+            if parts and size + len(chunk) > MAX_GET_BYTES:
                 break
-            secs, nsecs = divmod(arrival, _NS)
-            record: dict[str, Any] = {
-                "ArrivalTimeSec": secs,
-                "ArrivalTimeNSec": nsecs,
-                "SequenceNumber": seq,
-                "Data": data,
-            }
-            if info is not None:
-                record["ClientInfo"] = info
-            if key is not None:
-                record["PartitionKey"] = key
-            out.append(record)
-        if out:
-            last_seq = out[-1]["SequenceNumber"]
-            last_arrival = out[-1]["ArrivalTimeSec"] * _NS + out[-1]["ArrivalTimeNSec"]
-            next_position = last_seq + 1
+            if start == first and stop == last:
+                parts.append(chunk[1:-1])
+            else:
+                selected = orjson.loads(chunk)[start - first : stop - first + 1]
+                parts.append(orjson.dumps(selected)[1:-1])
+            size += len(chunk)
+            count += stop - start + 1
+            last_seq, last_arrival = stop, arrival
+            if count >= limit:
+                break
+        if count:
             behind = shard.last_seq - last_seq
             msec_behind = (shard.last_arrival_ns - last_arrival) // 1_000_000
         else:
-            next_position, behind, msec_behind = position, 0, 0
-        return json_response(
+            behind = msec_behind = 0
+        head = orjson.dumps(
             {
-                "NextLocation": encode_location(shard, next_position),
+                "NextLocation": encode_location(shard, last_seq + 1),
                 "MSecBehindLatest": msec_behind,
                 "RecordsBehindLatest": behind,
-                "Records": out,
             }
         )
+        return Response(200, b"".join((head[:-1], b',"Records":[', b",".join(parts), b"]}")), JSON)
 
 
 def encode_location(shard: ShardRow, position: int) -> str:
