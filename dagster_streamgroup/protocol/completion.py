@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.policy import GroupPolicy
-from dagster_streamgroup.protocol.state import EventKind, GroupEvent, GroupState, Parked, ShardState
+from dagster_streamgroup.protocol.state import EventKind, GroupEvent, GroupState, Parked, ShardState, evolve
 
 
 class RangeReport(BaseModel):
@@ -50,7 +50,7 @@ class CommitOutcome(BaseModel):
 def _leave_if_departed(state: GroupState, shard: ShardState) -> ShardState:
     """A draining shard whose run has reported goes back to the pool (epoch bumped)."""
     if shard.owner is not None and shard.owner not in state.members:
-        return shard.model_copy(update={"owner": None, "epoch": shard.epoch + 1})
+        return evolve(shard, owner=None, epoch=shard.epoch + 1)
     return shard
 
 
@@ -97,9 +97,7 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
             Refusal.WRONG_START,
             f"shard {report.shard}: committed offset is {shard.committed}, the range starts at {report.start}",
         )
-    done = shard.model_copy(
-        update={"committed": report.end, "inflight": None, "attempt": 0, "last_run_key": report.run_key}
-    )
+    done = evolve(shard, committed=report.end, inflight=None, attempt=0, last_run_key=report.run_key)
     done = _leave_if_departed(state, done)
     new_state = state.model_copy(update={"shards": {**state.shards, report.shard: done}})
     return new_state, CommitOutcome(
@@ -128,17 +126,17 @@ def fail(
     if shard is None or shard.inflight is None or shard.inflight.run_key != report.run_key:
         return state, FailOutcome.IGNORED
     attempts = shard.inflight.attempt + 1
-    base = shard.model_copy(update={"inflight": None})
+    base = evolve(shard, inflight=None)
     if attempts < policy.max_attempts:
-        updated = _leave_if_departed(state, base.model_copy(update={"attempt": attempts}))
+        updated = _leave_if_departed(state, evolve(base, attempt=attempts))
         return state.model_copy(update={"shards": {**state.shards, report.shard: updated}}), FailOutcome.RETRY
     detail = f"run {report.run_key} failed {attempts} time(s); last error: {reason}"
     if policy.after_max_attempts == "park":
         parked = Parked(start=report.start, end=report.end, reason=detail, at=now)
-        updated = base.model_copy(update={"attempt": attempts, "parked": parked})
+        updated = evolve(base, attempt=attempts, parked=parked)
         kind, outcome = EventKind.PARKED, FailOutcome.PARKED
     else:
-        updated = base.model_copy(update={"attempt": 0, "committed": max(report.end, shard.committed or 0)})
+        updated = evolve(base, attempt=0, committed=max(report.end, shard.committed or 0))
         kind, outcome = EventKind.DEAD_LETTER, FailOutcome.DEAD_LETTERED
     updated = _leave_if_departed(state, updated)
     event = GroupEvent(
@@ -171,5 +169,5 @@ def unpark(state: GroupState, shard_id: str, now: float, *, skip: bool = False) 
         end=parked.end,
         detail=("skipped by an operator: " if skip else "unparked by an operator: ") + parked.reason,
     )
-    new_state = state.model_copy(update={"shards": {**state.shards, shard_id: shard.model_copy(update=update)}})
+    new_state = state.model_copy(update={"shards": {**state.shards, shard_id: evolve(shard, **update)}})
     return add_events(new_state, event)

@@ -14,6 +14,7 @@ from dagster_streamgroup.protocol.state import (
     GroupState,
     Member,
     ShardState,
+    evolve,
 )
 
 
@@ -31,7 +32,7 @@ def heartbeat(state: GroupState, member_id: str, now: float) -> GroupState:
         return state.model_copy(update={"members": members, "shards": _reclaim_draining(state, member_id)})
     if now <= member.heartbeat:
         return state
-    members = {**state.members, member_id: member.model_copy(update={"heartbeat": now})}
+    members = {**state.members, member_id: evolve(member, heartbeat=now)}
     return state.model_copy(update={"members": members})
 
 
@@ -42,9 +43,7 @@ def _reclaim_draining(state: GroupState, member_id: str) -> dict[str, ShardState
         if shard.owner == member_id and shard.inflight is not None and shard.inflight.orphaned_at is not None:
             if shards is state.shards:
                 shards = dict(state.shards)
-            shards[shard_id] = shard.model_copy(
-                update={"inflight": shard.inflight.model_copy(update={"orphaned_at": None})}
-            )
+            shards[shard_id] = evolve(shard, inflight=evolve(shard.inflight, orphaned_at=None))
     return shards
 
 
@@ -55,10 +54,10 @@ def _hand_back(shard: ShardState, now: float) -> ShardState:
     separate process that outlives the sensor); it is reassigned when that run reports or the drain
     timeout passes (Nuclio's drain on rebalance, without its fixed sleep)."""
     if shard.inflight is None:
-        return shard.model_copy(update={"owner": None, "epoch": shard.epoch + 1, "backlog_since": None})
+        return evolve(shard, owner=None, epoch=shard.epoch + 1, backlog_since=None)
     if shard.inflight.orphaned_at is not None:
         return shard
-    return shard.model_copy(update={"inflight": shard.inflight.model_copy(update={"orphaned_at": now})})
+    return evolve(shard, inflight=evolve(shard.inflight, orphaned_at=now))
 
 
 def _remove_members(state: GroupState, gone: set[str], now: float, kind: EventKind, detail: str) -> GroupState:
@@ -113,7 +112,5 @@ def expire_drains(state: GroupState, now: float, drain_timeout_s: float) -> Grou
                 detail=f"run {shard.inflight.run_key} did not report within {drain_timeout_s}s; range relaunched",
             )
         )
-        shards[shard_id] = shard.model_copy(
-            update={"owner": None, "epoch": shard.epoch + 1, "inflight": None, "backlog_since": None}
-        )
+        shards[shard_id] = evolve(shard, owner=None, epoch=shard.epoch + 1, inflight=None, backlog_since=None)
     return add_events(state.model_copy(update={"shards": shards}), *events)

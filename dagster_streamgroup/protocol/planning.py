@@ -20,6 +20,7 @@ from dagster_streamgroup.protocol.state import (
     InFlight,
     Parked,
     ShardState,
+    evolve,
 )
 
 
@@ -78,7 +79,7 @@ def sync_shards(
 def complete_shard(state: GroupState, shard_id: str) -> GroupState:
     """A sealed shard was read to its end: successors waiting on it may now be claimed."""
     changed = {
-        sid: shard.model_copy(update={"pending_predecessors": shard.pending_predecessors - {shard_id}})
+        sid: evolve(shard, pending_predecessors=shard.pending_predecessors - {shard_id})
         for sid, shard in state.shards.items()
         if shard_id in shard.pending_predecessors
     }
@@ -135,7 +136,7 @@ def _plan_shard(
     committed = shard.committed
     if committed is None:
         committed = mark.low if (policy.seek == "earliest" or shard.late) else mark.high
-        shard = shard.model_copy(update={"committed": committed})
+        shard = evolve(shard, committed=committed)
     if committed < mark.low:
         lost = f"offsets [{committed}, {mark.low}) fell out of retention before they were processed"
         if policy.on_data_loss == "fail":
@@ -149,7 +150,7 @@ def _plan_shard(
                 end=mark.low,
                 detail=lost + "; shard parked (on_data_loss=fail)",
             )
-            return shard.model_copy(update={"parked": parked}), None, event
+            return evolve(shard, parked=parked), None, event
         event = GroupEvent(
             kind=EventKind.DATA_LOSS,
             at=now,
@@ -160,15 +161,15 @@ def _plan_shard(
             detail=lost + "; skipped to the earliest offset (on_data_loss=earliest)",
         )
         committed = mark.low
-        shard = shard.model_copy(update={"committed": committed})
+        shard = evolve(shard, committed=committed)
     backlog = mark.high - committed
     if backlog <= 0:
         if shard.backlog_since is not None:
-            shard = shard.model_copy(update={"backlog_since": None})
+            shard = evolve(shard, backlog_since=None)
         return shard, None, event
     if backlog < policy.min_backlog:
         if shard.backlog_since is None:
-            return shard.model_copy(update={"backlog_since": now}), None, event
+            return evolve(shard, backlog_since=now), None, event
         if now - shard.backlog_since < policy.max_wait_s:
             return shard, None, event
     end = committed + min(backlog, policy.max_records_per_run)
@@ -192,7 +193,7 @@ def _plan_shard(
         member_id=member_id,
         run_key=key,
     )
-    return shard.model_copy(update={"inflight": inflight, "backlog_since": None}), launch, event
+    return evolve(shard, inflight=inflight, backlog_since=None), launch, event
 
 
 def inflight_launches(state: GroupState, member_id: str) -> list[Launch]:

@@ -2,14 +2,17 @@
 
 Offsets are always the *next offset to read* (exclusive end of what is done), as Kafka counts them.
 Times are seconds on the store's clock (``StateStore.now()``), never a member's own wall clock.
-The models are frozen: transitions build new states with ``model_copy``, so a state that a failed CAS
-attempt produced can never leak into the next attempt.
+Everything is immutable: transitions build new states (``evolve`` for the per-shard records, which are
+frozen dataclasses because a tick over 10,000 shards cannot afford a pydantic copy per shard; ``GroupState``
+is the pydantic model that validates and serialises them), so a state that a failed CAS attempt produced
+can never leak into the next attempt.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,11 +20,26 @@ STATE_KIND = "dagster-streamgroup/group-state"
 SCHEMA_VERSION = 1
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+T = TypeVar("T")
 
 
-class Member(_Frozen):
+def evolve(record: T, **changes: object) -> T:
+    """A copy of a frozen record with some fields changed.
+
+    Like ``dataclasses.replace`` without re-running ``__init__``: several times faster, which matters when a
+    cold start assigns 10,000 shards in one tick. Only the protocol's own frozen dataclasses come here."""
+    unknown = changes.keys() - record.__dict__.keys()
+    if unknown:
+        raise TypeError(f"{type(record).__name__} has no field(s) {sorted(unknown)}")
+    new = object.__new__(type(record))
+    fields = new.__dict__
+    fields.update(record.__dict__)
+    fields.update(changes)
+    return new
+
+
+@dataclass(frozen=True)
+class Member:
     """A live member. ``joined`` lets a new member wait one tick before claiming, so a cold start of
     many members does not hand everything to whichever registers first (Pravega's greedy first reader)."""
 
@@ -30,7 +48,8 @@ class Member(_Frozen):
     heartbeat: float
 
 
-class InFlight(_Frozen):
+@dataclass(frozen=True)
+class InFlight:
     """A range launched as a run and not yet committed or failed.
 
     ``epoch`` is the shard epoch the range was launched under; a commit must present it.
@@ -48,7 +67,8 @@ class InFlight(_Frozen):
     orphaned_at: float | None = None
 
 
-class Parked(_Frozen):
+@dataclass(frozen=True)
+class Parked:
     """A shard that stopped: retries exhausted, or its offsets fell out of retention under ``fail``."""
 
     start: int
@@ -57,7 +77,8 @@ class Parked(_Frozen):
     at: float
 
 
-class ShardState(_Frozen):
+@dataclass(frozen=True)
+class ShardState:
     owner: str | None = None
     epoch: int = 0
     committed: int | None = None
@@ -88,7 +109,8 @@ class EventKind(StrEnum):
     DRAIN_EXPIRED = "drain_expired"
 
 
-class GroupEvent(_Frozen):
+@dataclass(frozen=True)
+class GroupEvent:
     """Something an operator must see: never silent (retention loss, parking, dead letters, evictions)."""
 
     kind: EventKind
@@ -100,7 +122,9 @@ class GroupEvent(_Frozen):
     detail: str = ""
 
 
-class GroupState(_Frozen):
+class GroupState(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     kind: Literal["dagster-streamgroup/group-state"] = "dagster-streamgroup/group-state"
     schema_version: int = SCHEMA_VERSION
     stream: str

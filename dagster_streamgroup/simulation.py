@@ -1,0 +1,489 @@
+"""A deterministic, seeded discrete-event simulation of a group: M members over N shards.
+
+It drives the real protocol transitions through a simulated CAS store with read-to-write latency, so
+concurrent ticks really conflict and retry with full-jitter backoff, and it injects the faults the group
+must survive: crashes, pauses longer than the session timeout, explicit leaves, late joins, clock skew,
+failing and vanishing runs, zombie runs that outlive their member, retention trimming. After every
+successful write it checks the safety invariants; at the end of a quiet period, the balance invariant.
+The unit tests run it small; ``bench.convergence`` runs it at 200 members x 10,000 shards.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from dagster_streamgroup import protocol
+from dagster_streamgroup.protocol import GroupPolicy, GroupState, Launch, RangeReport, Watermark
+from dagster_streamgroup.protocol.assignment import is_assignable
+
+CasTransition = Callable[[GroupState, float], tuple[GroupState, Any]]
+
+
+@dataclass
+class SimConfig:
+    members: int = 4
+    shards: int = 16
+    seed: int = 0
+    policy: GroupPolicy = field(
+        default_factory=lambda: GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, drain_timeout_s=15)
+    )
+    duration_s: float = 300.0
+    quiet_s: float = 60.0
+    """Fault-free time at the end, after which the group must be balanced."""
+    tick_jitter: float = 0.1
+    cas_latency_s: tuple[float, float] = (0.002, 0.03)
+    cas_attempts: int = 6
+    run_s: tuple[float, float] = (2.0, 12.0)
+    produce_per_s: float = 50.0
+    initial_backlog: int = 500
+    retention_records: int | None = None
+    p_run_fail: float = 0.0
+    p_run_vanish: float = 0.0
+    """A run that dies without reporting (killed worker): its member notices the run ended, as Dagster shows."""
+    faults: bool = False
+    max_skew_s: float = 0.0
+    cold_start: bool = True
+    """All members start within the first tick interval (the herd); otherwise they join one by one."""
+    crash_at_s: float | None = None
+    """Crash one member at this time (the failover measurement)."""
+    check_invariants: bool = True
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    violations: list[str]
+    ticks_to_balance: float | None
+    ticks_to_failover: float | None
+    max_tick_ms: float
+    member_ticks: int
+    cas_conflicts: int
+    cas_giveups: int
+    commits_accepted: int
+    commits_refused: int
+    runs: int
+    balanced_at_end: bool
+    final_state: GroupState
+
+    @property
+    def double_owner_violations(self) -> int:
+        return sum(1 for v in self.violations if v.startswith("double-owner"))
+
+
+@dataclass
+class _Run:
+    launch: Launch
+    ends_at: float
+    outcome: str  # "ok" | "fail" | "vanish"
+    done: bool = False
+
+
+@dataclass
+class _Member:
+    member_id: str
+    skew: float = 0.0
+    crashed: bool = False
+    paused_until: float = 0.0
+    left: bool = False
+    busy: bool = False
+
+
+class Simulation:
+    def __init__(self, config: SimConfig) -> None:
+        self.cfg = config
+        self.rng = random.Random(config.seed)
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.state: GroupState = protocol.new_group("sim", "g", 0.0)
+        self.version = 0
+        shard_ids = [f"s{i:05d}" for i in range(config.shards)]
+        self.state = protocol.sync_shards(self.state, shard_ids, 0.0)
+        self.members = {f"m{i:03d}": _Member(f"m{i:03d}") for i in range(config.members)}
+        self.runs: dict[str, _Run] = {}
+        self.violations: list[str] = []
+        self.coverage: dict[str, list[tuple[int, int, str]]] = {s: [] for s in shard_ids}
+        self.first_position: dict[str, int] = {}
+        self.tick_ms: list[float] = []
+        self.conflicts = 0
+        self.giveups = 0
+        self.accepted = 0
+        self.refused = 0
+        self.balanced_at: float | None = None
+        self.crashed_member: str | None = None
+        self.crash_time: float | None = None
+        self.crash_shards: set[str] = set()
+        self.failover_at: float | None = None
+
+    # -- stream ---------------------------------------------------------------------------------
+
+    def watermark(self, _shard: str, at: float) -> Watermark:
+        high = self.cfg.initial_backlog + int(self.cfg.produce_per_s * at)
+        retention = self.cfg.retention_records
+        low = 0 if retention is None else max(0, high - retention)
+        return Watermark(low=low, high=high)
+
+    # -- scheduling -----------------------------------------------------------------------------
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._seq), action))
+
+    def run(self) -> SimResult:
+        cfg = self.cfg
+        period = cfg.policy.heartbeat_interval_s
+        for i, member in enumerate(self.members.values()):
+            if cfg.max_skew_s:
+                member.skew = self.rng.uniform(-cfg.max_skew_s, cfg.max_skew_s)
+            first = self.rng.uniform(0, period) if cfg.cold_start else i * period * 0.5 + self.rng.uniform(0, period)
+            self.at(first, partial(self._tick, member))
+        if cfg.faults:
+            self._schedule_faults()
+        if cfg.crash_at_s is not None:
+            self.at(cfg.crash_at_s, self._crash_for_failover)
+        end = cfg.duration_s + cfg.quiet_s
+        while self._events and self._events[0][0] <= end:
+            when, _, action = heapq.heappop(self._events)
+            self.now = when
+            action()
+        balanced = self._balanced(self.state) if any(self._alive(m) for m in self.members.values()) else True
+        if not balanced:
+            self.violations.append(f"unbalanced after quiet period: {self._ownership_counts(self.state)}")
+        self._check_coverage()
+        return SimResult(
+            config=cfg,
+            violations=self.violations,
+            ticks_to_balance=None if self.balanced_at is None else self.balanced_at / period,
+            ticks_to_failover=(
+                None
+                if self.failover_at is None or self.crash_time is None
+                else (self.failover_at - self.crash_time) / period
+            ),
+            max_tick_ms=max(self.tick_ms, default=0.0),
+            member_ticks=len(self.tick_ms),
+            cas_conflicts=self.conflicts,
+            cas_giveups=self.giveups,
+            commits_accepted=self.accepted,
+            commits_refused=self.refused,
+            runs=len(self.runs),
+            balanced_at_end=balanced,
+            final_state=self.state,
+        )
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def _schedule_faults(self) -> None:
+        cfg = self.cfg
+        horizon = cfg.duration_s
+        timeout = cfg.policy.session_timeout_s
+        ids = list(self.members)
+        for _ in range(self.rng.randint(1, max(1, len(ids)))):
+            member = self.members[self.rng.choice(ids)]
+            kind = self.rng.choice(["crash", "pause", "pause", "leave", "rejoin"])
+            when = self.rng.uniform(0, horizon * 0.8)
+            if kind == "crash" and sum(1 for m in self.members.values() if not m.crashed) > 1:
+                self.at(when, partial(setattr, member, "crashed", True))
+            elif kind == "pause":
+                length = self.rng.uniform(timeout * 0.5, timeout * 3)
+                self.at(when, partial(self._pause, member, length))
+            elif kind == "leave":
+                self.at(when, partial(self._leave, member))
+        for i in range(self.rng.randint(0, 2)):
+            late = _Member(f"late{i}")
+            self.members[late.member_id] = late
+            self.at(self.rng.uniform(0, horizon * 0.8), partial(self._tick, late))
+
+    def _pause(self, member: _Member, length: float) -> None:
+        member.paused_until = self.now + length
+
+    def _leave(self, member: _Member) -> None:
+        if member.crashed:
+            return
+
+        def transition(state: GroupState, now: float) -> tuple[GroupState, None]:
+            return protocol.leave(state, member.member_id, now), None
+
+        member.left = True
+        self._cas(transition, now_of=lambda: self.now + member.skew, done=lambda _r: self._rejoin_later(member))
+
+    def _rejoin_later(self, member: _Member) -> None:
+        delay = self.rng.uniform(0, self.cfg.policy.session_timeout_s)
+        self.at(self.now + delay, lambda: setattr(member, "left", False))
+
+    def _crash_for_failover(self) -> None:
+        owners = self._ownership_counts(self.state)
+        candidates = [mid for mid in sorted(owners) if owners[mid] and not self.members[mid].crashed]
+        if not candidates:
+            return
+        victim = self.members[self.rng.choice(candidates)]
+        victim.crashed = True
+        self.crashed_member = victim.member_id
+        self.crash_time = self.now
+        self.crash_shards = {sid for sid, s in self.state.shards.items() if s.owner == victim.member_id}
+
+    def _alive(self, member: _Member) -> bool:
+        return not member.crashed and not member.left
+
+    # -- member ticks ---------------------------------------------------------------------------
+
+    def _tick(self, member: _Member) -> None:
+        period = self.cfg.policy.heartbeat_interval_s
+        next_at = self.now + period * (1 + self.rng.uniform(-self.cfg.tick_jitter, self.cfg.tick_jitter))
+        if member.crashed:
+            return
+        if member.left or member.busy or self.now < member.paused_until:
+            self.at(max(next_at, member.paused_until), lambda: self._tick(member))
+            return
+        vanished = [
+            r.launch
+            for r in self.runs.values()
+            if r.outcome == "vanish" and r.ends_at <= self.now and not r.done and r.launch.member_id == member.member_id
+        ]
+
+        def transition(state: GroupState, now: float) -> tuple[GroupState, list[Launch]]:
+            started = time.perf_counter()
+            for launch in vanished:
+                state, _ = protocol.fail(state, _report(launch), "run ended without reporting", now, self.cfg.policy)
+            state = protocol.membership_step(state, member.member_id, now, self.cfg.policy)
+            wanted = protocol.owned_idle_shards(state, member.member_id)
+            marks = {sid: self.watermark(sid, self.now) for sid in wanted}
+            state, launches = protocol.plan(state, member.member_id, now, marks, self.cfg.policy)
+            self.tick_ms.append((time.perf_counter() - started) * 1000)
+            return state, launches
+
+        def done(launches: list[Launch] | None) -> None:
+            member.busy = False
+            for launch in vanished:
+                self.runs[launch.run_key].done = True
+            for launch in launches or []:
+                self._launch(launch)
+            self.at(max(next_at, self.now), lambda: self._tick(member))
+
+        member.busy = True
+        self._cas(transition, now_of=lambda: self.now + member.skew, done=done)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def _launch(self, launch: Launch) -> None:
+        if launch.run_key in self.runs:
+            return
+        roll = self.rng.random()
+        outcome = (
+            "fail"
+            if roll < self.cfg.p_run_fail
+            else "vanish"
+            if roll < self.cfg.p_run_fail + self.cfg.p_run_vanish
+            else "ok"
+        )
+        ends = self.now + self.rng.uniform(*self.cfg.run_s)
+        run = _Run(launch=launch, ends_at=ends, outcome=outcome)
+        self.runs[launch.run_key] = run
+        if outcome != "vanish":
+            self.at(ends, lambda: self._finish(run))
+
+    def _finish(self, run: _Run) -> None:
+        report = _report(run.launch)
+        if run.launch.start < self.watermark(run.launch.shard, self.now).low:
+            run.outcome = "fail"
+        if run.outcome == "fail":
+
+            def failing(state: GroupState, now: float) -> tuple[GroupState, Any]:
+                return protocol.fail(state, report, "simulated failure", now, self.cfg.policy)
+
+            self._cas(failing, now_of=lambda: self.now, done=lambda _r: setattr(run, "done", True))
+            return
+
+        def committing(state: GroupState, _now: float) -> tuple[GroupState, Any]:
+            new_state, outcome = protocol.commit(state, report)
+            if self.cfg.check_invariants:
+                self._check_commit_oracle(state, report, outcome)
+            return new_state, outcome
+
+        def done(outcome: Any) -> None:
+            run.done = True
+            if outcome is None:
+                return
+            if outcome.accepted and not outcome.already_committed:
+                self.accepted += 1
+            elif not outcome.accepted:
+                self.refused += 1
+
+        self._cas(committing, now_of=lambda: self.now, done=done)
+
+    # -- the simulated CAS store ----------------------------------------------------------------
+
+    def _cas(
+        self,
+        transition: CasTransition,
+        now_of: Callable[[], float],
+        done: Callable[[Any], None],
+        attempt: int = 0,
+    ) -> None:
+        snapshot, version = self.state, self.version
+        new_state, result = transition(snapshot, now_of())
+        latency = self.rng.uniform(*self.cfg.cas_latency_s)
+
+        def save() -> None:
+            if new_state is snapshot:
+                done(result)
+                return
+            if self.version != version:
+                self.conflicts += 1
+                if attempt + 1 >= self.cfg.cas_attempts:
+                    self.giveups += 1
+                    done(None)
+                    return
+                backoff = self.rng.uniform(0, min(0.5, 0.02 * 2 ** (attempt + 1)))
+                self.at(self.now + backoff, lambda: self._cas(transition, now_of, done, attempt + 1))
+                return
+            previous = self.state
+            self.state, self.version = new_state, self.version + 1
+            if self.cfg.check_invariants:
+                self._check_step(previous, self.state)
+            self._observe(self.state)
+            done(result)
+
+        self.at(self.now + latency, save)
+
+    # -- invariants -----------------------------------------------------------------------------
+
+    def _check_commit_oracle(self, state: GroupState, report: RangeReport, outcome: protocol.CommitOutcome) -> None:
+        shard = state.shards.get(report.shard)
+        if shard is None or outcome.already_committed:
+            return
+        valid = (
+            shard.owner == report.member_id
+            and shard.epoch == report.epoch
+            and shard.committed == report.start
+            and shard.inflight is not None
+            and shard.inflight.run_key == report.run_key
+        )
+        if outcome.accepted != valid:
+            self.violations.append(f"commit oracle: {report} accepted={outcome.accepted} expected {valid}")
+
+    def _check_step(self, before: GroupState, after: GroupState) -> None:
+        for shard_id, new in after.shards.items():
+            old = before.shards.get(shard_id)
+            if old is None or old is new:
+                continue
+            if old.committed is not None and (new.committed is None or new.committed < old.committed):
+                self.violations.append(f"offset moved backwards: {shard_id} {old.committed} -> {new.committed}")
+            if old.committed is None and new.committed is not None:
+                self.first_position[shard_id] = new.committed
+            elif old.committed is not None and new.committed is not None and new.committed > old.committed:
+                self.coverage[shard_id].append((old.committed, new.committed, "advance"))
+            if old.inflight is not None and new.inflight == old.inflight and new.owner != old.owner:
+                self.violations.append(f"shard with a range in flight changed owner: {shard_id}")
+            if new.owner != old.owner and new.epoch <= old.epoch:
+                self.violations.append(f"ownership changed without an epoch bump: {shard_id}")
+            if new.owner is not None and new.owner not in after.members and new.inflight is None:
+                self.violations.append(f"shard owned by a departed member with nothing in flight: {shard_id}")
+        self._check_single_writer(after)
+
+    def _check_single_writer(self, state: GroupState) -> None:
+        """At most one live run per shard could commit: the one the state names, of the current epoch."""
+        committable: dict[str, int] = {}
+        for run in self.runs.values():
+            if run.done or run.outcome != "ok":
+                continue
+            shard = state.shards[run.launch.shard]
+            if (
+                shard.inflight is not None
+                and shard.inflight.run_key == run.launch.run_key
+                and shard.epoch == run.launch.epoch
+                and shard.owner == run.launch.member_id
+            ):
+                committable[run.launch.shard] = committable.get(run.launch.shard, 0) + 1
+        for shard_id, count in committable.items():
+            if count > 1:
+                self.violations.append(f"double-owner: {count} runs of {shard_id} can commit")
+
+    def _check_coverage(self) -> None:
+        for shard_id, spans in self.coverage.items():
+            cursor = self.first_position.get(shard_id)
+            for start, end, _ in spans:
+                if cursor is not None and start != cursor:
+                    self.violations.append(
+                        f"committed ranges of {shard_id} not contiguous at {start} (expected {cursor})"
+                    )
+                cursor = end
+
+    # -- observations ---------------------------------------------------------------------------
+
+    def _ownership_counts(self, state: GroupState) -> dict[str, int]:
+        counts = dict.fromkeys(state.members, 0)
+        for shard in state.shards.values():
+            if shard.owner in counts:
+                counts[shard.owner] += 1
+        return counts
+
+    def _balanced(self, state: GroupState) -> bool:
+        live = [m for m in self.members.values() if self._alive(m) and self.now >= m.paused_until]
+        if not live or any(m.member_id not in state.members for m in live):
+            return False
+        if any(is_assignable(state, s) and s.owner not in state.members for s in state.shards.values()):
+            return False
+        counts = self._ownership_counts(state)
+        return max(counts.values()) - min(counts.values()) <= 1
+
+    def _observe(self, state: GroupState) -> None:
+        if self.balanced_at is None and self.cfg.cold_start and self._balanced(state):
+            self.balanced_at = self.now
+        waiting_for_failover = self.crashed_member is not None and self.failover_at is None
+        if waiting_for_failover and all(
+            state.shards[s].owner not in (None, self.crashed_member) and state.shards[s].owner in state.members
+            for s in self.crash_shards
+        ):
+            self.failover_at = self.now
+
+
+def _report(launch: Launch) -> RangeReport:
+    return RangeReport(
+        shard=launch.shard,
+        member_id=launch.member_id,
+        epoch=launch.epoch,
+        start=launch.start,
+        end=launch.end,
+        run_key=launch.run_key,
+    )
+
+
+def random_scenario(seed: int) -> SimConfig:
+    """A small random scenario with every fault class enabled, for property tests and the benchmark."""
+    rng = random.Random(seed)
+    period = 5.0
+    policy = GroupPolicy(
+        heartbeat_interval_s=period,
+        session_timeout_s=rng.choice([15.0, 20.0, 30.0]),
+        drain_timeout_s=rng.choice([10.0, 30.0]),
+        max_records_per_run=rng.choice([50, 200, 1000]),
+        max_attempts=rng.choice([1, 2, 3]),
+        after_max_attempts=rng.choice(["park", "dead_letter"]),
+        on_data_loss=rng.choice(["fail", "earliest"]),
+        seek=rng.choice(["earliest", "latest"]),
+        min_backlog=rng.choice([1, 100]),
+        max_wait_s=rng.choice([0.0, 10.0]),
+    )
+    return SimConfig(
+        members=rng.randint(1, 6),
+        shards=rng.randint(1, 24),
+        seed=seed,
+        policy=policy,
+        duration_s=rng.uniform(60, 200),
+        quiet_s=policy.session_timeout_s + policy.drain_timeout_s + 6 * period,
+        cas_latency_s=(0.001, rng.choice([0.01, 0.2])),
+        run_s=(1.0, rng.choice([5.0, 25.0])),
+        produce_per_s=rng.choice([5.0, 50.0]),
+        retention_records=rng.choice([None, None, 400]),
+        p_run_fail=rng.choice([0.0, 0.1, 0.3]),
+        p_run_vanish=rng.choice([0.0, 0.05]),
+        faults=True,
+        max_skew_s=rng.choice([0.0, 2.0]),
+        cold_start=rng.random() < 0.5,
+    )
