@@ -62,7 +62,8 @@ def delete_topics(client: Mapping[str, PropertyValue] | str, topics: Iterable[st
     topics = list(topics)
     if not topics:
         return
-    for future in AdminClient(_config(client)).delete_topics(topics, operation_timeout=timeout_s).values():
+    admin = AdminClient(_config(client))  # must outlive its futures
+    for future in admin.delete_topics(topics, operation_timeout=timeout_s).values():
         try:
             future.result()
         except KafkaException as exc:

@@ -46,7 +46,7 @@ _TYPED_PROPERTIES = {
 class KafkaStreamConfig(BaseModel):
     """A Kafka topic set and how to connect to its cluster."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     bootstrap_servers: str = Field(description="Comma-separated host:port list (librdkafka bootstrap.servers).")
     topics: list[str] = Field(min_length=1, description="The topics whose partitions form the stream's shards.")

@@ -1,0 +1,43 @@
+"""A local SparkSession that works on a developer machine and in tests.
+
+Python workers must run the interpreter that has this package and confluent-kafka installed, which Spark
+takes only from ``PYSPARK_PYTHON`` (the ``spark.pyspark.python`` setting did not help); Spark must listen
+on loopback only, and needs no UI for batch reads."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+LOCAL_CONF: dict[str, str] = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+}
+
+
+def prepare_environment() -> None:
+    """Point Spark's Python workers at this interpreter and keep Spark on 127.0.0.1 (unless already set)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def local_spark_session(
+    master: str = "local[2]", app_name: str = "dagster-streamgroup", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """Build (or get) a local session with the data sources of this package registered."""
+    prepare_environment()
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**LOCAL_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    from dagster_streamgroup.spark.kafka_source import register
+
+    register(spark)
+    return spark

@@ -1,0 +1,194 @@
+"""Kafka-specific behaviour of the backend against the real local broker (or STREAMGROUP_KAFKA_BOOTSTRAP)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
+from dagster_streamgroup.streams.base import CommitRejectedError, OffsetOutOfRangeError, StreamError
+from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA, KafkaBackend, PartitionRange, read_ranges
+from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
+from tests.fixtures.kafka import TopicFactory, unique_name
+
+pytestmark = pytest.mark.kafka
+
+
+def _backend(bootstrap: str, *topics: str, stall_timeout_s: float = 2.0) -> KafkaBackend:
+    config = KafkaStreamConfig(bootstrap_servers=bootstrap, topics=list(topics))
+    return KafkaBackend(config, stall_timeout_s=stall_timeout_s)
+
+
+def _table(batches: Iterator[pa.RecordBatch]) -> pa.Table:
+    return pa.Table.from_batches(list(batches), schema=KAFKA_ARROW_SCHEMA)
+
+
+def test_shards_span_all_topics_in_config_order(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    b = kafka_topics(3, prefix="b")
+    a = kafka_topics(2, prefix="a")
+    backend = _backend(kafka_bootstrap, b, a)
+    assert backend.shards() == [f"{b}:0", f"{b}:1", f"{b}:2", f"{a}:0", f"{a}:1"]
+    produce_records(kafka_bootstrap, a, 1, [b"x", b"y"])
+    marks = backend.watermarks(backend.shards())
+    assert marks[f"{a}:1"].high == 2
+    assert marks[f"{b}:2"].high == 0
+
+
+def test_a_missing_topic_and_a_foreign_shard_are_clear_errors(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    topic = kafka_topics(1)
+    with pytest.raises(StreamError, match="does not exist"):
+        _backend(kafka_bootstrap, topic, unique_name("missing")).shards()
+    backend = _backend(kafka_bootstrap, topic)
+    with pytest.raises(ValueError, match="not one of the stream's topics"):
+        backend.watermarks(["other:0"])
+    with pytest.raises(ValueError, match="is not '<topic>:<partition>'"):
+        backend.watermarks([topic])
+    with pytest.raises(ValueError, match="offset must be an int >= 0"):
+        backend.commit("g", {f"{topic}:0": -1})
+
+
+def test_partitions_added_later_appear_as_new_shards(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    topic = kafka_topics(2)
+    backend = _backend(kafka_bootstrap, topic)
+    assert backend.shards() == [f"{topic}:0", f"{topic}:1"]
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    try:
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result()
+    except KafkaException as exc:
+        if exc.args[0].code() in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
+            pytest.skip(f"the broker cannot add partitions (CreatePartitions unsupported): {exc.args[0].str()}")
+        raise
+    deadline = time.monotonic() + 10
+    while len(backend.shards()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert backend.shards() == [f"{topic}:{p}" for p in range(4)]
+
+
+def test_records_keep_keys_headers_and_timestamps(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    topic = kafka_topics(1)
+    offsets = produce_records(
+        kafka_bootstrap, topic, 0, [b"v0", None, b"v2"],
+        keys=[b"k0", b"k1", None],
+        timestamps_ms=[1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_789],
+        headers=[[("h", b"1"), ("n", None)], None, []],
+    )
+    rows = _table(_backend(kafka_bootstrap, topic).read_range(f"{topic}:0", 0, offsets[-1] + 1)).to_pylist()
+    assert [r["value"] for r in rows] == [b"v0", None, b"v2"]
+    assert [r["key"] for r in rows] == [b"k0", b"k1", None]
+    assert [r["offset"] for r in rows] == offsets
+    assert {(r["topic"], r["partition"]) for r in rows} == {(topic, 0)}
+    assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [1_700_000_000_123, 1_700_000_000_456,
+                                                                        1_700_000_000_789]
+    assert [r["timestampType"] for r in rows] == [0, 0, 0]  # Spark's code for CreateTime
+    assert rows[0]["headers"] == [{"key": "h", "value": b"1"}, {"key": "n", "value": None}]
+    assert rows[1]["headers"] is None
+
+
+def test_transaction_markers_do_not_stall_a_range(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    """Offsets taken by commit markers hold no records: a range ending on one completes at once."""
+    topic = kafka_topics(1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_name("tx"),
+                         "batch.num.messages": 1})
+    producer.init_transactions(10)
+    for txn in range(3):
+        producer.begin_transaction()
+        for i in range(4):
+            producer.produce(topic, f"t{txn}-{i}".encode(), partition=0)
+        producer.commit_transaction(10)
+    backend = _backend(kafka_bootstrap, topic, stall_timeout_s=20.0)
+    high = backend.watermarks([f"{topic}:0"])[f"{topic}:0"].high
+    assert high > 12, "commit markers take offsets"
+    started = time.monotonic()
+    table = _table(backend.read_range(f"{topic}:0", 0, high))
+    assert time.monotonic() - started < 10, "the end-of-partition event must finish the range, not the stall timeout"
+    assert table.column("value").to_pylist() == [f"t{t}-{i}".encode() for t in range(3) for i in range(4)]
+    offsets = table.column("offset").to_pylist()
+    assert len(set(offsets)) == 12 and offsets == sorted(offsets)
+    # a range that ends right after the first transaction's records, on its marker
+    first = _table(backend.read_range(f"{topic}:0", 0, offsets[4]))
+    assert first.column("value").to_pylist() == [f"t0-{i}".encode() for i in range(4)]
+
+
+def test_several_ranges_in_one_read(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    a = kafka_topics(3, prefix="a")
+    b = kafka_topics(1, prefix="b")
+    ends_a = produce_sample(kafka_bootstrap, a, 3, 3000, value_size=10)
+    produce_records(kafka_bootstrap, b, 0, [b"b0", b"b1", b"b2"])
+    ranges = [PartitionRange(a, 0, 10, 900), PartitionRange(a, 1, 0, ends_a[1]), PartitionRange(a, 2, 5, 5),
+              PartitionRange(b, 0, 1, 3)]
+    table = _table(read_ranges({"bootstrap.servers": kafka_bootstrap}, ranges, batch_size=333))
+    got = {(t, p): [] for t, p in {(r.topic, r.partition) for r in ranges}}
+    for row in table.select(["topic", "partition", "offset"]).to_pylist():
+        got[(row["topic"], row["partition"])].append(row["offset"])
+    assert got[(a, 0)] == list(range(10, 900))
+    assert got[(a, 1)] == list(range(ends_a[1]))
+    assert got[(a, 2)] == []
+    assert got[(b, 0)] == [1, 2]
+
+
+def test_commits_are_visible_to_kafka_lag_tools(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    topic = kafka_topics(2)
+    group = unique_name("g")
+    backend = _backend(kafka_bootstrap, topic)
+    backend.commit(group, {f"{topic}:0": 4, f"{topic}:1": 0})
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    try:
+        from confluent_kafka import TopicPartition
+
+        seen = consumer.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+    finally:
+        consumer.close()
+    assert [tp.offset for tp in seen] == [4, 0]
+
+
+def test_a_commit_into_a_group_with_live_subscribers_is_rejected(kafka_bootstrap: str,
+                                                                 kafka_topics: TopicFactory) -> None:
+    topic = kafka_topics(1)
+    group = unique_name("live")
+    produce_records(kafka_bootstrap, topic, 0, [b"a"])
+    member = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                       "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500})
+    try:
+        member.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.2)
+        assert member.assignment(), "the subscriber never joined"
+        with pytest.raises(CommitRejectedError, match="live subscribe\\(\\) members") as caught:
+            _backend(kafka_bootstrap, topic).commit(group, {f"{topic}:0": 1})
+        cause = caught.value.__cause__
+        assert isinstance(cause, KafkaException)
+        assert cause.args[0].code() == KafkaError.UNKNOWN_MEMBER_ID
+    finally:
+        member.close()
+
+
+def test_retention_loss_raises_offset_out_of_range_on_a_trimming_broker() -> None:
+    """The local broker cannot trim a log (no DeleteRecords, no retention), so this runs against librdkafka's
+    built-in mock cluster: a real Kafka-protocol broker in this process that keeps only its newest segments."""
+    producer = Producer({"test.mock.num.brokers": 1, "linger.ms": 5})
+    metadata = producer.list_topics(timeout=10)
+    broker = next(iter(metadata.brokers.values()))
+    bootstrap = f"{broker.host}:{broker.port}"
+    for i in range(120_000):
+        producer.produce("trimmed", b"x" * 100, partition=0)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    config = {"bootstrap.servers": bootstrap}
+    probe = Consumer({**config, "group.id": "probe"})
+    from confluent_kafka import TopicPartition
+
+    low, high = probe.get_watermark_offsets(TopicPartition("trimmed", 0), timeout=10, cached=False)
+    probe.close()
+    assert low > 0, "the mock cluster did not trim; the test cannot show retention loss"
+    with pytest.raises(OffsetOutOfRangeError) as caught:
+        list(read_ranges(config, [PartitionRange("trimmed", 0, 0, high)]))
+    assert caught.value.low == low
+    assert f"[0, {low})" in str(caught.value)
+    assert sum(b.num_rows for b in read_ranges(config, [PartitionRange("trimmed", 0, low, high)])) == high - low
