@@ -1,0 +1,24 @@
+"""The Dagster surface: group resources, member sensors, the stream asset, checks, backfill helpers."""
+
+from dagster_streamgroup.dagster.assets import CommitRefusedError, range_of, stream_asset
+from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
+from dagster_streamgroup.dagster.definitions import stream_definitions
+from dagster_streamgroup.dagster.resources import KafkaStreamGroup, StreamGroupConfigError, StreamGroupResource
+from dagster_streamgroup.dagster.sensors import member_sensor_names, member_sensors
+from dagster_streamgroup.dagster.spark_session import StreamSparkResource, prepare_spark_environment
+
+__all__ = [
+    "LAG_CHECK",
+    "PARKED_CHECK",
+    "CommitRefusedError",
+    "KafkaStreamGroup",
+    "StreamGroupConfigError",
+    "StreamGroupResource",
+    "StreamSparkResource",
+    "member_sensor_names",
+    "member_sensors",
+    "prepare_spark_environment",
+    "range_of",
+    "stream_asset",
+    "stream_definitions",
+]

@@ -1,0 +1,200 @@
+"""The group resources: one ``ConfigurableResource`` per stream kind, sharing the group and policy fields.
+
+A resource is everything a sensor tick or a run needs to act as a member: the protocol policy, the state
+store (chosen by URL) and the stream backend. Clients are cached per process and configuration, because
+Dagster builds resources again for every sensor tick. Secret fields are excluded from reprs, and a
+configuration error is raised when the resource is built (at code-location load), naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import dagster as dg
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from dagster_streamgroup.member import GroupMember
+from dagster_streamgroup.protocol import GroupPolicy
+from dagster_streamgroup.stores.base import StateStore, state_key
+from dagster_streamgroup.stores.factory import open_store
+from dagster_streamgroup.streams.base import StreamBackend
+from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+T = TypeVar("T")
+
+STORE_FILE = "streamgroup-state.db"
+_POLICY_FIELDS = tuple(GroupPolicy.model_fields)
+
+_cache_lock = threading.Lock()
+_stores: dict[str, StateStore] = {}
+_backends: dict[str, StreamBackend] = {}
+
+
+def _cached(cache: dict[str, T], key: str, make: Callable[[], T]) -> T:
+    digest = hashlib.sha256(key.encode()).hexdigest()  # keys may hold secrets: keep only a digest
+    with _cache_lock:
+        found = cache.get(digest)
+        if found is None:
+            found = make()
+            cache[digest] = found
+        return found
+
+
+def default_store_url() -> str:
+    """SQLite next to the Dagster instance, so sensors, runs and the CLI of one host agree on the file."""
+    home = os.environ.get("DAGSTER_HOME")
+    base = Path(home) if home else Path.cwd() / ".streamgroup"
+    return f"sqlite:///{(base / STORE_FILE).resolve()}"
+
+
+def describe_validation_error(prefix: str, exc: ValidationError) -> str:
+    """A pydantic error as one line per field, without the input values (they may hold secrets)."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or prefix
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class StreamGroupConfigError(ValueError):
+    """A group resource's configuration is invalid; the message names the field."""
+
+
+class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
+    """A consumer group over one stream. Subclasses add the stream's connection (``backend()``)."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    group: str = Field(description="The consumer group name (also the Kafka group id the offsets are mirrored to).")
+    store_url: str | None = Field(
+        default=None,
+        repr=False,
+        description="Where the group state lives: sqlite:///PATH (default: $DAGSTER_HOME/streamgroup-state.db), "
+        "postgresql://USER:PASSWORD@HOST/DB for members on many hosts. Use EnvVar when it holds a password.",
+    )
+    heartbeat_interval_s: float = Field(default=5.0, description="Seconds between member ticks (the sensor interval).")
+    session_timeout_s: float = Field(default=20.0, description="A member silent this long is evicted.")
+    join_grace_s: float | None = Field(default=None, description="Wait before a new member claims shards.")
+    drain_timeout_s: float = Field(default=600.0, description="How long a departed member's run may still commit.")
+    max_records_per_run: int = Field(default=100_000, description="Upper bound of one run's offset range.")
+    min_backlog: int = Field(default=1, description="Launch once this many records wait ...")
+    max_wait_s: float = Field(default=60.0, description="... or once a smaller backlog waited this long.")
+    max_attempts: int = Field(default=3, description="Runs of one range before it is parked or dead-lettered.")
+    after_max_attempts: str = Field(
+        default="park", description="park: stop the shard until unparked; dead_letter: record the range, move on."
+    )
+    seek: str = Field(default="earliest", description="earliest or latest: start of a shard with no offset.")
+    on_data_loss: str = Field(
+        default="fail", description="Offsets lost to retention: park the shard, or skip to the earliest offset."
+    )
+    spark_split_records: int = Field(
+        default=50_000, description="Records per Spark partition when a range is read (large ranges are split)."
+    )
+    lag_alert_records: int = Field(
+        default=1_000_000, description="The lag asset check fails when a shard is further behind than this."
+    )
+
+    @model_validator(mode="after")
+    def _check_group_fields(self) -> StreamGroupResource:
+        if not self.group.strip():
+            raise ValueError("group: must be a non-empty name")
+        for name in ("spark_split_records", "lag_alert_records"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0")
+        self.policy()
+        return self
+
+    def policy(self) -> GroupPolicy:
+        try:
+            return GroupPolicy(**{name: getattr(self, name) for name in _POLICY_FIELDS})
+        except ValidationError as exc:
+            raise StreamGroupConfigError(describe_validation_error("policy", exc)) from None
+
+    def resolved_store_url(self) -> str:
+        return self.store_url or default_store_url()
+
+    def store(self) -> StateStore:
+        url = self.resolved_store_url()
+        return _cached(_stores, url, lambda: open_store(url, field="store_url"))
+
+    def backend(self) -> StreamBackend:
+        raise NotImplementedError
+
+    def member(self, member_id: str) -> GroupMember:
+        return GroupMember(self.store(), self.backend(), self.group, member_id, self.policy())
+
+    def state_key(self) -> str:
+        return state_key(self.backend().stream_id, self.group)
+
+    def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
+        """The records of ``[start, end)`` of ``shard`` as a Spark DataFrame (lazy)."""
+        raise NotImplementedError
+
+
+_KAFKA_FIELDS = tuple(KafkaStreamConfig.model_fields)
+_SECRET_FIELDS = frozenset({"sasl_password", "oauthbearer_client_secret", "ssl_key_password"})
+
+
+class KafkaStreamGroup(StreamGroupResource):
+    """A consumer group over a Kafka topic set; each partition is a shard (``<topic>:<partition>``)."""
+
+    bootstrap_servers: str = Field(description="Comma-separated host:port list (librdkafka bootstrap.servers).")
+    topics: list[str] = Field(description="The topics whose partitions form the stream's shards.")
+    properties: dict[str, str] = Field(
+        default_factory=dict, description="Other librdkafka properties, passed through untouched (no secrets)."
+    )
+    security_protocol: str | None = Field(default=None, description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.")
+    sasl_mechanism: str | None = Field(default=None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER.")
+    sasl_username: str | None = None
+    sasl_password: str | None = Field(default=None, repr=False, description="Use EnvVar; never a literal.")
+    sasl_password_file: str | None = Field(default=None, description="A mounted file holding the SASL password.")
+    oauthbearer_client_id: str | None = None
+    oauthbearer_client_secret: str | None = Field(default=None, repr=False, description="Use EnvVar.")
+    oauthbearer_client_secret_file: str | None = None
+    oauthbearer_token_endpoint_url: str | None = None
+    oauthbearer_scope: str | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: str | None = Field(default=None, repr=False, description="Use EnvVar.")
+    ssl_key_password_file: str | None = None
+    secret_path: str | None = Field(default=None, description="Directory where secret files are mounted.")
+
+    @model_validator(mode="after")
+    def _check_kafka_fields(self) -> KafkaStreamGroup:
+        deferred = [n for n in _KAFKA_FIELDS if n not in _SECRET_FIELDS and isinstance(getattr(self, n), dg.EnvVar)]
+        if not deferred:  # otherwise validated when the EnvVar is resolved, in the tick or run
+            self.stream_config()
+        return self
+
+    def stream_config(self) -> KafkaStreamConfig:
+        values: dict[str, Any] = {}
+        for name in _KAFKA_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, dg.EnvVar):  # resolved when the resource is initialised in a tick or run
+                value = "unresolved-env-var"
+            if value is not None:
+                values[name] = value
+        try:
+            return KafkaStreamConfig(**values)
+        except ValidationError as exc:
+            raise StreamGroupConfigError(describe_validation_error("kafka", exc)) from None
+
+    def backend(self) -> StreamBackend:
+        from dagster_streamgroup.streams.kafka import KafkaBackend
+
+        config = self.stream_config()
+        return _cached(_backends, config.model_dump_json() + repr(config.client_config()), lambda: KafkaBackend(config))
+
+    def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
+        from dagster_streamgroup.dagster.spark_read import read_kafka_range
+
+        return read_kafka_range(spark, self.stream_config(), shard, start, end, self.spark_split_records)

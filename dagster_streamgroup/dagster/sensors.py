@@ -1,0 +1,328 @@
+"""Member sensors: N Dagster sensors, each one member of the consumer group.
+
+One tick: settle the ranges whose runs ended without reporting (crashed or cancelled runs), make peers that
+an operator stopped leave the group, run the member tick (heartbeat, evict, rebalance, plan), and request
+one run per range in flight. Requests are deterministic, so Dagster's run key deduplicates the re-requests
+of ranges already running. A tick does a few short broker and store calls and never touches Spark.
+
+The member id is the sensor name: a restarted daemon resumes the same membership instead of waiting out a
+session timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import dagster as dg
+from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+
+from dagster_streamgroup import protocol
+from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
+from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.member import GroupMember, TickReport, update_state
+from dagster_streamgroup.protocol import EventKind, GroupState, Launch, RangeReport
+
+ENDED_UNREPORTED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+LAG_REPORT_INTERVAL_S = 30.0
+
+
+@dataclass(frozen=True)
+class StreamTarget:
+    """What the sensors launch: the stream asset and the names it was built with."""
+
+    asset: dg.AssetsDefinition
+    group: str
+    resource_key: str
+
+    @property
+    def partitions_def(self) -> dg.DynamicPartitionsDefinition:
+        partitions = self.asset.partitions_def
+        assert isinstance(partitions, dg.DynamicPartitionsDefinition)
+        return partitions
+
+
+def stream_target(asset: dg.AssetsDefinition) -> StreamTarget:
+    metadata = asset.metadata_by_key.get(asset.key, {})
+    group = metadata.get(sgt.TAG_GROUP)
+    key = metadata.get(sgt.PREFIX + "resource_key")
+    if not isinstance(group, str) or not isinstance(key, str):
+        raise ValueError(f"asset {asset.key.to_user_string()} was not built with stream_asset()")
+    return StreamTarget(asset=asset, group=group, resource_key=key)
+
+
+def member_sensor_names(group: str, members: int) -> list[str]:
+    return [f"{sgt.dagster_name(group)}_member_{i}" for i in range(members)]
+
+
+def member_sensors(
+    asset: dg.AssetsDefinition,
+    *,
+    members: int = 3,
+    heartbeat_interval_s: float = 5.0,
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+) -> list[dg.SensorDefinition]:
+    """``members`` sensors ``<group>_member_<i>`` that consume the stream of ``asset`` (a ``stream_asset``).
+
+    ``heartbeat_interval_s`` must equal the resource's ``heartbeat_interval_s``: it is the sensor interval
+    (Dagster wants it when the sensor is defined, before any resource is built)."""
+    if members < 1:
+        raise ValueError(f"members: must be >= 1, got {members}")
+    if heartbeat_interval_s < 1:
+        raise ValueError(
+            f"heartbeat_interval_s: Dagster ticks sensors at most once a second, got {heartbeat_interval_s}"
+        )
+    target = stream_target(asset)
+    names = member_sensor_names(target.group, members)
+    return [_member_sensor(target, name, names, heartbeat_interval_s, default_status) for name in names]
+
+
+def _member_sensor(
+    target: StreamTarget,
+    name: str,
+    peers: Sequence[str],
+    interval_s: float,
+    default_status: dg.DefaultSensorStatus,
+) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=name,
+        asset_selection=[target.asset.key],
+        minimum_interval_seconds=max(1, round(interval_s)),
+        default_status=default_status,
+        required_resource_keys={target.resource_key},
+        description=f"Member {name} of consumer group {target.group!r}: claims shards, launches offset ranges.",
+        tags={sgt.TAG_GROUP: target.group},
+    )
+    def _sensor(context: dg.SensorEvaluationContext, **_direct: object) -> "dg.SensorResult":
+        # ``_direct``: a sensor called directly (unit tests) also gets its required resources as keywords.
+        resource: StreamGroupResource = getattr(context.resources, target.resource_key)
+        return evaluate_member_tick(context, resource, target, name, peers)
+
+    return _sensor
+
+
+def evaluate_member_tick(
+    context: dg.SensorEvaluationContext,
+    resource: StreamGroupResource,
+    target: StreamTarget,
+    member_id: str,
+    peers: Sequence[str] = (),
+) -> dg.SensorResult:
+    started = time.monotonic()
+    member = resource.member(member_id)
+    instance = _instance_or_none(context)
+    before = member.load()
+    notes: list[str] = []
+    if instance is not None and before is not None:
+        notes += _leave_stopped_peers(resource, instance, before, member_id, peers)
+        notes += _settle_ended_runs(member, instance, before, member_id)
+    report = member.tick()
+    launches = report.inflight
+    requests = [
+        dg.RunRequest(
+            run_key=sgt.dagster_run_key(launch),
+            partition_key=sgt.range_partition_key(launch.shard, launch.start, launch.end),
+            tags=sgt.launch_tags(launch),
+        )
+        for launch in launches
+    ]
+    new_keys = _new_partition_keys(instance, target, launches)
+    cursor = _Cursor.parse(context.cursor)
+    events, cursor = _asset_events(target, resource, report, cursor)
+    summary = _summary(report, notes, time.monotonic() - started)
+    context.log.info(summary)
+    return dg.SensorResult(
+        run_requests=requests,
+        skip_reason=None if requests else summary,
+        dynamic_partitions_requests=[target.partitions_def.build_add_request(new_keys)] if new_keys else None,
+        asset_events=events,
+        cursor=cursor.dump(),
+    )
+
+
+def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
+    """The instance, or None in a unit test that built its context without one."""
+    try:
+        return context.instance
+    except dg.DagsterInvariantViolationError:
+        return None
+
+
+def _new_partition_keys(
+    instance: dg.DagsterInstance | None, target: StreamTarget, launches: Iterable[Launch]
+) -> list[str]:
+    keys = [sgt.range_partition_key(launch.shard, launch.start, launch.end) for launch in launches]
+    if instance is None or not keys:
+        return keys
+    name = target.partitions_def.name
+    assert name is not None
+    return [key for key in keys if not instance.has_dynamic_partition(name, key)]
+
+
+def _leave_stopped_peers(
+    resource: StreamGroupResource,
+    instance: dg.DagsterInstance,
+    state: GroupState,
+    member_id: str,
+    peers: Sequence[str],
+) -> list[str]:
+    """Peers that an operator stopped in Dagster leave now, instead of holding shards for a session timeout."""
+    candidates = {p for p in peers if p != member_id and p in state.members}
+    if not candidates:
+        return []
+    stopped = sorted(
+        s.instigator_name
+        for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+        if s.instigator_name in candidates and s.status == InstigatorStatus.STOPPED
+    )
+    notes = []
+    for peer in stopped:
+
+        def transition(current: GroupState | None, now: float, peer: str = peer) -> tuple[GroupState | None, bool]:
+            if current is None or peer not in current.members:
+                return current, False
+            return protocol.leave(current, peer, now), True
+
+        left, _ = update_state(resource.store(), resource.state_key(), transition)
+        if left:
+            notes.append(f"{peer} is stopped in Dagster and left the group")
+    return notes
+
+
+def _settle_ended_runs(
+    member: GroupMember, instance: dg.DagsterInstance, state: GroupState, member_id: str
+) -> list[str]:
+    """A run that crashed or was cancelled cannot report its failure: report it, so the range is retried."""
+    launches = protocol.inflight_launches(state, member_id)
+    if not launches:
+        return []
+    by_key = {sgt.dagster_run_key(launch): launch for launch in launches}
+    records = instance.get_run_records(
+        dg.RunsFilter(
+            tags={"dagster/run_key": list(by_key), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED_UNREPORTED)
+        )
+    )
+    notes = []
+    for record in records:
+        run = record.dagster_run
+        launch = by_key.get(run.tags.get("dagster/run_key", ""))
+        if launch is None:
+            continue
+        report = RangeReport(
+            shard=launch.shard,
+            member_id=launch.member_id,
+            epoch=launch.epoch,
+            start=launch.start,
+            end=launch.end,
+            run_key=launch.run_key,
+        )
+        outcome = member.fail(report, f"run {run.run_id} ended {run.status.value} without reporting")
+        if outcome != protocol.FailOutcome.IGNORED:
+            what = f"{launch.shard} [{launch.start}, {launch.end})"
+            notes.append(f"run {run.run_id} of {what} {run.status.value}: {outcome.value}")
+    return notes
+
+
+@dataclass
+class _Cursor:
+    lag_reported_at: float = 0.0
+    parked: tuple[str, ...] | None = None
+    dead_letters: int = 0
+
+    @classmethod
+    def parse(cls, text: str | None) -> _Cursor:
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+            parked = raw.get("parked")
+            return cls(
+                lag_reported_at=float(raw.get("lag_reported_at", 0.0)),
+                parked=tuple(parked) if parked is not None else None,
+                dead_letters=int(raw.get("dead_letters", 0)),
+            )
+        except (ValueError, TypeError, AttributeError):
+            return cls()
+
+    def dump(self) -> str:
+        return json.dumps(
+            {
+                "lag_reported_at": self.lag_reported_at,
+                "parked": list(self.parked) if self.parked is not None else None,
+                "dead_letters": self.dead_letters,
+            }
+        )
+
+
+def _owned_lag(resource: StreamGroupResource, report: TickReport) -> dict[str, int]:
+    """Lag of every owned shard: the tick knows the watermarks of idle shards only, so ask for the rest."""
+    lag = report.lag
+    missing = [sid for sid in report.owned if sid not in lag and report.state.shards[sid].committed is not None]
+    if missing:
+        for sid, mark in resource.backend().watermarks(missing).items():
+            committed = report.state.shards[sid].committed
+            assert committed is not None
+            lag[sid] = max(0, mark.high - committed)
+    return lag
+
+
+def _asset_events(
+    target: StreamTarget, resource: StreamGroupResource, report: TickReport, cursor: _Cursor
+) -> tuple[list[dg.AssetObservation | dg.AssetCheckEvaluation], _Cursor]:
+    """Lag observations (throttled) and the parked-ranges check whenever what is parked changes."""
+    events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
+    now = time.time()
+    due = report.owned and now - cursor.lag_reported_at >= LAG_REPORT_INTERVAL_S
+    lag = _owned_lag(resource, report) if due else {}
+    if lag:
+        metadata: dict[str, dg.RawMetadataValue] = {
+            "member": dg.MetadataValue.text(report.member_id),
+            "lag": dg.MetadataValue.int(sum(lag.values())),
+            "owned_shards": dg.MetadataValue.int(len(report.owned)),
+        }
+        for shard, value in sorted(lag.items()):
+            metadata[f"lag {shard}"] = dg.MetadataValue.int(value)
+        events.append(dg.AssetObservation(asset_key=target.asset.key, metadata=metadata))
+        cursor.lag_reported_at = now
+    parked = tuple(sorted(sid for sid, s in report.state.shards.items() if s.parked is not None))
+    dead = sum(1 for e in report.state.events if e.kind == EventKind.DEAD_LETTER)
+    if parked != cursor.parked or dead != cursor.dead_letters:
+        if cursor.parked is not None or parked or dead:
+            events.append(parked_check_evaluation(target.asset.key, report.state))
+        cursor.parked = parked
+        cursor.dead_letters = dead
+    return events, cursor
+
+
+def _summary(report: TickReport, notes: list[str], seconds: float) -> str:
+    state = report.state
+    owned = ", ".join(report.owned) or "none"
+    parts = [f"{report.member_id}: owns {owned}"]
+    if report.waiting_for_grace:
+        parts.append("waiting for the join grace before claiming shards")
+    lag = report.lag
+    if lag:
+        parts.append(f"lag {sum(lag.values())} records ({', '.join(f'{s}={n}' for s, n in sorted(lag.items()))})")
+    if report.inflight:
+        parts.append(
+            "in flight: "
+            + ", ".join(f"{x.shard} [{x.start}, {x.end}) a{x.attempt}" for x in report.inflight)
+        )
+    parked = [(sid, s.parked) for sid, s in state.shards.items() if s.parked is not None]
+    if parked:
+        parts.append(
+            "PARKED: "
+            + "; ".join(f"{sid} [{p.start}, {p.end}): {p.reason}" for sid, p in parked)
+            + " (streamgroup unpark --group ... --shard ...)"
+        )
+    for event in report.new_events:
+        parts.append(f"event {event.kind.value}: {event.shard or event.member_id or ''} {event.detail}".strip())
+    parts.extend(notes)
+    parts.append(f"tick {seconds:.2f} s")
+    return "; ".join(parts)
+
+
+__all__ = ["PARKED_CHECK", "StreamTarget", "evaluate_member_tick", "member_sensor_names", "member_sensors"]

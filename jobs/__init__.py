@@ -1,0 +1,1 @@
+"""The example's stream assets (what runs process)."""

@@ -1,0 +1,38 @@
+"""Page views per page and minute, from JSON click events keyed by user, one Parquet directory per range.
+
+Each range writes (overwrites) only its own directory, so a retried or backfilled range replaces its
+earlier output instead of adding to it: re-processing is idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+
+from dagster_streamgroup.dagster import range_of, stream_asset
+from jobs import settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+EVENT_SCHEMA = "user STRING, page STRING, ts LONG, referrer STRING"
+
+
+def range_output(shard: str, start: int, end: int) -> str:
+    return str(settings.OUTPUT / shard.replace(":", "-") / f"{start:012d}-{end:012d}")
+
+
+@stream_asset(group=settings.GROUP, name="page_views_per_minute", kinds={"spark", "kafka", "parquet"})
+def page_views_per_minute(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, Any]:
+    """Views and distinct users per page and minute of event time."""
+    from pyspark.sql import functions as F
+
+    shard, start, end = range_of(context)
+    events = df.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e")).select("e.*")
+    per_minute = events.groupBy(
+        "page", F.date_trunc("minute", F.timestamp_millis("ts")).alias("minute")
+    ).agg(F.count(F.lit(1)).alias("views"), F.countDistinct("user").alias("users"))
+    path = range_output(shard, start, end)
+    per_minute.write.mode("overwrite").parquet(path)
+    return {"output": dg.MetadataValue.path(path)}

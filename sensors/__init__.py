@@ -1,0 +1,1 @@
+"""The example's member sensors (who consumes the stream)."""

@@ -1,0 +1,81 @@
+"""Shared pieces of the Dagster tests: a stream asset over a test topic, its group resource, sensor ticks."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, stream_asset
+
+
+def group_name() -> str:
+    return f"g_{uuid.uuid4().hex[:10]}"
+
+
+def group_resource(bootstrap: str, topic: str, group: str, tmp_path: Path, **overrides: Any) -> KafkaStreamGroup:
+    settings: dict[str, Any] = {
+        "group": group,
+        "bootstrap_servers": bootstrap,
+        "topics": [topic],
+        "store_url": f"sqlite:///{tmp_path / 'state.db'}",
+        "heartbeat_interval_s": 1.0,
+        "session_timeout_s": 30.0,
+        "join_grace_s": 0.0,
+        "max_records_per_run": 300,
+        "max_attempts": 2,
+    }
+    settings.update(overrides)
+    return KafkaStreamGroup(**settings)
+
+
+@dataclass
+class SensorDriver:
+    """Ticks one member sensor the way the daemon does: the cursor of a tick is given to the next."""
+
+    sensor: dg.SensorDefinition
+    instance: dg.DagsterInstance
+    resource: KafkaStreamGroup
+    cursor: str | None = None
+
+    def tick(self) -> dg.SensorResult:
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            sensor_name=self.sensor.name,
+            cursor=self.cursor,
+            resources={"streamgroup": self.resource},
+        )
+        result = self.sensor(context)
+        assert isinstance(result, dg.SensorResult), result
+        if result.cursor is not None:
+            self.cursor = result.cursor
+        return result
+
+    def requests(self) -> dict[str, dg.RunRequest]:
+        """One tick's run requests by shard."""
+        out = {}
+        for request in self.tick().run_requests or []:
+            assert request.tags is not None
+            out[request.tags["streamgroup/shard"]] = request
+        return out
+
+
+def counting_asset(group: str, seen: list[tuple[str, int]], fail_with: list[Exception] | None = None) -> dg.AssetsDefinition:
+    """A stream asset that records (partition, rows) and optionally raises the queued errors first."""
+
+    @stream_asset(group=group, name=f"events_{group}")
+    def events(context: dg.AssetExecutionContext, df: Any) -> dict[str, Any]:
+        if fail_with:
+            raise fail_with.pop(0)
+        rows = df.count()
+        seen.append((context.partition_key, rows))
+        return {"rows_seen": dg.MetadataValue.int(rows)}
+
+    return events
+
+
+def sensors_for(asset: dg.AssetsDefinition, members: int = 2) -> list[dg.SensorDefinition]:
+    return member_sensors(asset, members=members, heartbeat_interval_s=1)
