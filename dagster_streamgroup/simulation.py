@@ -71,6 +71,7 @@ class SimResult:
     runs: int
     balanced_at_end: bool
     final_state: GroupState
+    tick_ms: list[float] = field(default_factory=list)
 
     @property
     def double_owner_violations(self) -> int:
@@ -108,6 +109,8 @@ class Simulation:
         self.state = protocol.sync_shards(self.state, shard_ids, 0.0)
         self.members = {f"m{i:03d}": _Member(f"m{i:03d}") for i in range(config.members)}
         self.runs: dict[str, _Run] = {}
+        self.active: dict[str, _Run] = {}
+        """Runs that may still commit (not finished, not vanished): what the single-writer check looks at."""
         self.violations: list[str] = []
         self.coverage: dict[str, list[tuple[int, int, str]]] = {s: [] for s in shard_ids}
         self.first_position: dict[str, int] = {}
@@ -174,6 +177,7 @@ class Simulation:
             runs=len(self.runs),
             balanced_at_end=balanced,
             final_state=self.state,
+            tick_ms=self.tick_ms,
         )
 
     # -- faults ---------------------------------------------------------------------------------
@@ -247,14 +251,14 @@ class Simulation:
         ]
 
         def transition(state: GroupState, now: float) -> tuple[GroupState, list[Launch]]:
-            started = time.perf_counter()
+            started = time.thread_time()
             for launch in vanished:
                 state, _ = protocol.fail(state, _report(launch), "run ended without reporting", now, self.cfg.policy)
             state = protocol.membership_step(state, member.member_id, now, self.cfg.policy)
             wanted = protocol.owned_idle_shards(state, member.member_id)
             marks = {sid: self.watermark(sid, self.now) for sid in wanted}
             state, launches = protocol.plan(state, member.member_id, now, marks, self.cfg.policy)
-            self.tick_ms.append((time.perf_counter() - started) * 1000)
+            self.tick_ms.append((time.thread_time() - started) * 1000)
             return state, launches
 
         def done(launches: list[Launch] | None) -> None:
@@ -285,6 +289,7 @@ class Simulation:
         run = _Run(launch=launch, ends_at=ends, outcome=outcome)
         self.runs[launch.run_key] = run
         if outcome != "vanish":
+            self.active[launch.run_key] = run
             self.at(ends, lambda: self._finish(run))
 
     def _finish(self, run: _Run) -> None:
@@ -389,8 +394,9 @@ class Simulation:
     def _check_single_writer(self, state: GroupState) -> None:
         """At most one live run per shard could commit: the one the state names, of the current epoch."""
         committable: dict[str, int] = {}
-        for run in self.runs.values():
+        for key, run in list(self.active.items()):
             if run.done or run.outcome != "ok":
+                del self.active[key]
                 continue
             shard = state.shards[run.launch.shard]
             if (

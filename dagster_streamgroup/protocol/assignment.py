@@ -29,19 +29,31 @@ def is_assignable(state: GroupState, shard: ShardState) -> bool:
 
 def quotas(state: GroupState) -> dict[str, int]:
     """How many assignable shards each live member should own."""
-    live = state.members
-    if not live:
-        return {}
-    owned = dict.fromkeys(live, 0)
-    total = 0
-    for shard in state.shards.values():
-        if not is_assignable(state, shard):
+    owned, free = _ownership(state)
+    return _quotas({mid: len(shard_ids) for mid, shard_ids in owned.items()}, len(free) + sum(map(len, owned.values())))
+
+
+def _ownership(state: GroupState) -> tuple[dict[str, list[str]], list[str]]:
+    """Assignable shards per live member, and the assignable shards nobody live owns (one pass)."""
+    members = state.members
+    owned: dict[str, list[str]] = {mid: [] for mid in members}
+    free: list[str] = []
+    for shard_id, shard in state.shards.items():
+        if shard.pending_predecessors:
             continue
-        total += 1
-        if shard.owner in owned:
-            owned[shard.owner] += 1
-    base, extra = divmod(total, len(live))
-    ranked = sorted(live, key=lambda mid: (-owned[mid], mid))
+        owner = shard.owner
+        if owner in owned:
+            owned[owner].append(shard_id)
+        elif owner is None or shard.inflight is None:
+            free.append(shard_id)
+    return owned, free
+
+
+def _quotas(counts: dict[str, int], total: int) -> dict[str, int]:
+    if not counts:
+        return {}
+    base, extra = divmod(total, len(counts))
+    ranked = sorted(counts, key=lambda mid: (-counts[mid], mid))
     return {mid: base + (1 if rank < extra else 0) for rank, mid in enumerate(ranked)}
 
 
@@ -50,16 +62,10 @@ def rebalance(state: GroupState, member_id: str, now: float, policy: GroupPolicy
     me = state.members.get(member_id)
     if me is None or now - me.joined < policy.grace_s:
         return state
-    quota = quotas(state)
-    owned: dict[str, list[str]] = {mid: [] for mid in state.members}
-    pool: list[str] = []
-    for shard_id, shard in state.shards.items():
-        if not is_assignable(state, shard):
-            continue
-        if shard.owner in owned:
-            owned[shard.owner].append(shard_id)
-        else:
-            pool.append(shard_id)
+    owned, pool = _ownership(state)
+    quota = _quotas(
+        {mid: len(shard_ids) for mid, shard_ids in owned.items()}, len(pool) + sum(map(len, owned.values()))
+    )
     for mid, shard_ids in owned.items():
         surplus = len(shard_ids) - quota[mid]
         if surplus <= 0:
