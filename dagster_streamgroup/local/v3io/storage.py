@@ -207,13 +207,11 @@ class Storage:
         )
 
     def set_data(self, node: NodeRow, data: bytes, *, append: bool) -> None:
-        node.mtime_ns = self.clock.next(node.mtime_ns)
         if append:
-            self.db.execute("UPDATE nodes SET data=data || ?, mtime_ns=? WHERE id=?", (data, node.mtime_ns, node.id))
-            node.size += len(data)
-        else:
-            self.db.execute("UPDATE nodes SET data=?, mtime_ns=? WHERE id=?", (data, node.mtime_ns, node.id))
-            node.size = len(data)
+            data = self.get_data(node.id) + data
+        node.mtime_ns = self.clock.next(node.mtime_ns)
+        node.size = len(data)
+        self.db.execute("UPDATE nodes SET data=?, mtime_ns=? WHERE id=?", (data, node.mtime_ns, node.id))
 
     def children(
         self, container: str, directory: str, *, name_prefix: str = "", after: str = "", limit: int = 1000
@@ -308,7 +306,8 @@ class Storage:
     def append_chunk(self, shard: ShardRow, last_seq: int, arrival_ns: int, body: bytes) -> None:
         """Store records ``shard.last_seq + 1 .. last_seq`` and move the shard's bounds."""
         self.db.execute(
-            "INSERT INTO chunks(shard, first_seq, last_seq, arrival_ns, body) VALUES(?,?,?,?,?)", (shard.node_id, shard.last_seq + 1, last_seq, arrival_ns, body)
+            "INSERT INTO chunks(shard, first_seq, last_seq, arrival_ns, body) VALUES(?,?,?,?,?)",
+            (shard.node_id, shard.last_seq + 1, last_seq, arrival_ns, body),
         )
         shard.last_seq = last_seq
         shard.last_arrival_ns = arrival_ns
