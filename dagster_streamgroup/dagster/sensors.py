@@ -96,7 +96,7 @@ def _member_sensor(
         description=f"Member {name} of consumer group {target.group!r}: claims shards, launches offset ranges.",
         tags={sgt.TAG_GROUP: target.group},
     )
-    def _sensor(context: dg.SensorEvaluationContext, **_direct: object) -> "dg.SensorResult":
+    def _sensor(context: dg.SensorEvaluationContext, **_direct: object) -> dg.SensorResult:
         # ``_direct``: a sensor called directly (unit tests) also gets its required resources as keywords.
         resource: StreamGroupResource = getattr(context.resources, target.resource_key)
         return evaluate_member_tick(context, resource, target, name, peers)

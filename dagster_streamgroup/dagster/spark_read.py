@@ -1,4 +1,4 @@
-"""Reading one offset range as a Spark DataFrame, through the project's PySpark data source."""
+"""Reading one offset range as a Spark DataFrame through the project's PySpark data source."""
 
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ if TYPE_CHECKING:
 def read_kafka_range(
     spark: SparkSession, config: KafkaStreamConfig, shard: str, start: int, end: int, split_records: int
 ) -> DataFrame:
-    """The records of ``[start, end)`` of ``shard`` with Spark's Kafka schema (key, value, topic, ...)."""
-    # Interim: read in the driver through the backend until the data source lands.
-    import pyarrow as pa
+    """The records of ``[start, end)`` of ``shard``, with Spark's Kafka schema (key, value, topic, ...);
+    ranges larger than ``split_records`` are read by several Spark tasks."""
+    from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
 
-    from dagster_streamgroup.streams.kafka import KafkaBackend
-
-    backend = KafkaBackend(config)
-    batches = list(backend.read_range(shard, start, end))
-    table = pa.Table.from_batches(batches, schema=backend.arrow_schema)
-    return spark.createDataFrame(table)
+    return read_kafka_ranges(spark, config, {shard: (start, end)}, max_records_per_partition=split_records)

@@ -8,8 +8,6 @@ interpreter (PySpark would otherwise pick ``python3`` from PATH, without our pac
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
@@ -26,8 +24,9 @@ LOCAL_DEFAULTS: dict[str, str] = {
 
 def prepare_spark_environment() -> None:
     """Point PySpark's Python workers at this interpreter and keep Spark on loopback (set before a session)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from dagster_streamgroup.spark.session import prepare_environment
+
+    prepare_environment()
 
 
 class StreamSparkResource(LazyPySparkResource):

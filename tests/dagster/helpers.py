@@ -63,7 +63,9 @@ class SensorDriver:
         return out
 
 
-def counting_asset(group: str, seen: list[tuple[str, int]], fail_with: list[Exception] | None = None) -> dg.AssetsDefinition:
+def counting_asset(
+    group: str, seen: list[tuple[str, int]], fail_with: list[Exception] | None = None
+) -> dg.AssetsDefinition:
     """A stream asset that records (partition, rows) and optionally raises the queued errors first."""
 
     @stream_asset(group=group, name=f"events_{group}")
