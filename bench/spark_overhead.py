@@ -1,0 +1,146 @@
+"""Spark's fixed cost per Dagster run: classic ``local[2]`` against the local Spark Connect server.
+
+``python -m bench.spark_overhead [--runs 100] [--local-repeats 3] [--connect-repeats 5] [--isolate-sessions]``
+
+Every measured run is a new Python process, as a Dagster run is: it opens a session, registers the probe
+Python Data Source and reads 1,000 rows through it (``dagster_streamgroup.local.spark_probe``). Phases:
+
+1. start the Connect server (with its warm-up run) and record its RSS;
+2. alternate classic ``local[2]`` runs and Connect runs, ``--local-repeats`` / ``--connect-repeats`` of each;
+3. ``--runs`` more consecutive Connect runs, sampling the server tree's RSS every 10 runs.
+
+The memory guard is off here, so growth shows instead of being reset. ``--isolate-sessions`` runs the server
+as Spark's own launcher does (per-session artifacts and Python daemons) to show the cost this avoids; with it,
+keep ``--runs`` small (each run keeps ~400 MiB). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dagster_streamgroup.local import procfs
+from dagster_streamgroup.local.spark_connect import ConnectServerSettings, running_connect_server
+
+ROWS = 1000
+RUN_TIMEOUT_S = 300.0
+
+
+def run_process(target: list[str]) -> dict[str, Any]:
+    """One run in a new process; adds its wall time as seen from outside (interpreter start and imports)."""
+    command = [sys.executable, "-m", "dagster_streamgroup.local.spark_probe", *target, "--rows", str(ROWS)]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"run {' '.join(target)} failed ({done.returncode}):\n{done.stderr[-3000:]}{done.stdout}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["rows"] != ROWS:
+        raise SystemExit(f"run {' '.join(target)} read {result['rows']} rows, expected {ROWS}")
+    result["wall_s"] = round(wall, 3)
+    return result
+
+
+def summary(samples: list[dict[str, Any]], key: str) -> dict[str, float]:
+    values = [sample[key] for sample in samples]
+    return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
+
+
+def mib(value: int) -> float:
+    return round(value / 2**20, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=100, help="consecutive Connect runs for the memory figure")
+    parser.add_argument("--local-repeats", type=int, default=3)
+    parser.add_argument("--connect-repeats", type=int, default=5)
+    parser.add_argument("--isolate-sessions", action="store_true", help="Spark's default session isolation")
+    args = parser.parse_args(argv)
+    for name in ("runs", "local_repeats", "connect_repeats"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0")
+
+    load_before = os.getloadavg()
+    settings = ConnectServerSettings(isolate_sessions=args.isolate_sessions, rss_limit_mb=None)
+    bench_started = time.perf_counter()
+    started = time.perf_counter()
+    with running_connect_server(settings=settings) as server:
+        start_s = time.perf_counter() - started
+        rss_start, pss_start = procfs.tree_rss_bytes(server.pid), procfs.tree_pss_bytes(server.pid)
+        print(
+            f"server {server.remote} pid {server.pid} up and warm in {start_s:.1f} s "
+            f"(warm-up run {server.warm_up_result}); tree rss {mib(rss_start)} MiB, pss {mib(pss_start)} MiB",
+            flush=True,
+        )
+        local_runs: list[dict[str, Any]] = []
+        connect_runs: list[dict[str, Any]] = []
+        for index in range(max(args.local_repeats, args.connect_repeats)):
+            if index < args.connect_repeats:
+                connect_runs.append(run_process(["--remote", server.remote]))
+                print(f"connect run {index + 1}: {connect_runs[-1]}", flush=True)
+            if index < args.local_repeats:
+                local_runs.append(run_process(["--master", "local[2]"]))
+                print(f"local run {index + 1}: {local_runs[-1]}", flush=True)
+
+        rss_by_run: list[tuple[int, float]] = []
+        memory_runs: list[dict[str, Any]] = []
+        rss_at_100: float | None = None
+        for index in range(1, args.runs + 1):
+            memory_runs.append(run_process(["--remote", server.remote]))
+            if index % 10 == 0 or index == args.runs:
+                rss = mib(procfs.tree_rss_bytes(server.pid))
+                rss_by_run.append((index, rss))
+                if index == 100:
+                    rss_at_100 = rss
+                print(
+                    f"after {index} runs: tree rss {rss} MiB, {len(procfs.process_tree(server.pid))} processes, "
+                    f"last run {memory_runs[-1]}",
+                    flush=True,
+                )
+        rss_end, pss_end = procfs.tree_rss_bytes(server.pid), procfs.tree_pss_bytes(server.pid)
+        processes_end = len(procfs.process_tree(server.pid))
+
+    all_connect = connect_runs + memory_runs
+    result: dict[str, Any] = {
+        "per_run_overhead_s": {
+            "local": summary(local_runs, "overhead_s")["median"] if local_runs else None,
+            "connect": summary(connect_runs, "overhead_s")["median"] if connect_runs else None,
+        },
+        "connect_server_rss_mb_after_100_runs": rss_at_100,
+        "connect_server_rss_mb_start": mib(rss_start),
+        "connect_server_rss_mb_after_runs": mib(rss_end),
+        "connect_server_pss_mb_start": mib(pss_start),
+        "connect_server_pss_mb_after_runs": mib(pss_end),
+        "connect_server_processes_after_runs": processes_end,
+        "runs": args.runs,
+        "rss_mb_by_run": rss_by_run,
+        "overhead_s": {
+            "local": summary(local_runs, "overhead_s") if local_runs else None,
+            "connect": summary(connect_runs, "overhead_s") if connect_runs else None,
+            "connect_all_runs": summary(all_connect, "overhead_s") if all_connect else None,
+        },
+        "steps_median_s": {
+            mode: {key: summary(runs, key)["median"] for key in ("session_s", "register_s", "first_read_s", "wall_s")}
+            for mode, runs in (("local", local_runs), ("connect", connect_runs))
+            if runs
+        },
+        "server_start_s": round(start_s, 1),
+        "isolate_sessions": args.isolate_sessions,
+        "rows_per_read": ROWS,
+        "load_avg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "bench_s": round(time.perf_counter() - bench_started, 1),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

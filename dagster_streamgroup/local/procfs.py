@@ -1,0 +1,122 @@
+"""What a server we started costs and who talks to it, read from Linux ``/proc``.
+
+The Spark Connect server is a process tree (a Python driver, its JVM, Python worker daemons and their forked
+workers), so its memory is the sum over the tree, and "between runs" means no client connection is open to
+its port. Both are read here without extra dependencies; on systems without ``/proc`` they raise
+``ProcfsUnavailableError`` instead of guessing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+PROC = Path("/proc")
+_TCP_ESTABLISHED = "01"
+
+
+class ProcfsUnavailableError(RuntimeError):
+    """This system has no Linux ``/proc`` to read process trees and sockets from."""
+
+
+def _require_proc() -> None:
+    if not (PROC / "self" / "stat").exists():
+        raise ProcfsUnavailableError("process-tree memory and connection counts need Linux /proc")
+
+
+def _parent_of(stat_text: str) -> int:
+    # The command name in field 2 may contain spaces and parentheses; the fields after its last ')' are fixed.
+    return int(stat_text.rsplit(")", 1)[1].split()[1])
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its live descendants (a snapshot; processes may exit while it is taken)."""
+    _require_proc()
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir(PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = _parent_of((PROC / entry.name / "stat").read_text())
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    if not (PROC / str(root)).exists():
+        return []
+    tree: list[int] = []
+    pending = [root]
+    while pending and len(tree) < 100_000:
+        pid = pending.pop()
+        tree.append(pid)
+        pending.extend(children.get(pid, ()))
+    return tree
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of one process, 0 if it is gone (or a zombie)."""
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Sum of RSS over ``root``'s process tree. Pages shared after ``fork`` count once per process, so this
+    overstates physical memory; it is the conservative figure a memory limit should use."""
+    return sum(rss_bytes(pid) for pid in process_tree(root))
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of one process (shared pages split between their users), 0 if unreadable."""
+    try:
+        for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
+
+
+def tree_pss_bytes(root: int) -> int:
+    """Sum of PSS over ``root``'s process tree: close to the physical memory the tree really holds."""
+    return sum(pss_bytes(pid) for pid in process_tree(root))
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` that still exist and are not zombies."""
+    result = []
+    for pid in pids:
+        try:
+            state = _state_of((PROC / str(pid) / "stat").read_text())
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            result.append(pid)
+    return result
+
+
+def _state_of(stat_text: str) -> str:
+    return stat_text.rsplit(")", 1)[1].split(maxsplit=1)[0]
+
+
+def established_connections(port: int) -> int:
+    """Open TCP connections whose local end is ``port`` (IPv4 and IPv6): the clients a server on it has now."""
+    _require_proc()
+    count = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (PROC / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == _TCP_ESTABLISHED:
+                count += 1
+    return count
