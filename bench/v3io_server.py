@@ -38,6 +38,16 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``): a figure that other load on the machine
+    does not inflate the way it inflates wall-clock rates."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _put(client: Any, args: argparse.Namespace) -> tuple[float, list[float]]:
     payload = os.urandom(args.record_bytes)
     batches = args.records // args.batch
@@ -118,9 +128,12 @@ def main() -> None:
             client = v3io.dataplane.Client(**info.client_kwargs(), max_connections=8)
             try:
                 client.stream.create(CONTAINER, STREAM, shard_count=args.shards)
+                cpu0 = _cpu_seconds(info.pid)
                 put_seconds, put_latencies = _put(client, args)
+                cpu1 = _cpu_seconds(info.pid)
                 written = (args.records // args.batch) * args.batch
                 get_seconds, get_latencies, received = _get(client, args)
+                cpu2 = _cpu_seconds(info.pid)
             finally:
                 client.close()
         finally:
@@ -143,6 +156,9 @@ def main() -> None:
         "p50_getrecords_ms": round(statistics.median(get_latencies), 2),
         "p99_getrecords_ms": round(_percentile(get_latencies, 0.99), 2),
         "getrecords_requests": len(get_latencies),
+        "server_cpu_ms_per_1000_put": round((cpu1 - cpu0) * 1000 / (written / 1000), 2),
+        "server_cpu_ms_per_1000_get": round((cpu2 - cpu1) * 1000 / (received / 1000), 2),
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
     print(
         f"put {written} records of {args.record_bytes} B in {put_seconds:.2f} s "
