@@ -26,10 +26,9 @@ def _open_memory(url: str) -> StateStore:
 
 
 def _open_v3io(url: str) -> StateStore:
-    raise StoreNotAvailableError(
-        f"{safe_url(url)!r}: the v3io state store is not available in this version; "
-        "use sqlite:///PATH or postgresql://... for the group state"
-    )
+    from dagster_streamgroup.stores.v3io import V3ioStateStore  # imports the v3io client only when used
+
+    return V3ioStateStore.from_url(url)
 
 
 _OPENERS: dict[str, Callable[[str], StateStore]] = {
@@ -45,6 +44,7 @@ SUPPORTED = (
     "sqlite:///PATH (a file, one host)",
     "postgresql://USER:PASSWORD@HOST:PORT/DB (many hosts)",
     "memory:// (one process, tests only)",
+    "v3io://HOST:PORT/CONTAINER[/DIR][?https=true&access_key_file=PATH] (next to a v3io stream)",
 )
 
 

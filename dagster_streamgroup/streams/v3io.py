@@ -1,0 +1,380 @@
+"""The v3io stream backend (the ``v3io`` client): shards ``"0"``, ``"1"``, ... of one v3io stream.
+
+Offsets are v3io sequence numbers, which start at 1 in every shard and grow by one per record, so a shard
+with no records has the watermarks ``(1, 1)`` and a shard whose last record is ``s`` has ``high = s + 1``.
+Shards come from DescribeStream: a shard-count increase shows up as new shard ids. Shard objects exist
+only after their first record (the platform creates them lazily), which is why a missing shard reads as
+empty rather than as an error.
+
+The group's offsets are mirrored into the shard attribute that v3io-go and Nuclio use,
+``__<group>_committed_sequence_number``, in their convention: the sequence number of the *last processed*
+record. Our committed offset ``c`` (next to read) is stored as ``c - 1``. Writes are conditional
+(``__obj_type == 3`` as v3io-go guards shard commits, and "absent or lower"), so a concurrent writer of a
+lower value can never move the attribute backwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import v3io.dataplane
+from v3io.dataplane.response import HttpResponseError
+
+from dagster_streamgroup.streams.base import (
+    CommitRejectedError,
+    OffsetOutOfRangeError,
+    RangeIncompleteError,
+    StreamError,
+    Watermarks,
+)
+from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig, check_group
+
+V3IO_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("shard", pa.int32(), nullable=False),
+        pa.field("sequence_number", pa.int64(), nullable=False),
+        pa.field("data", pa.binary(), nullable=False),
+        pa.field("arrival_time", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("partition_key", pa.string()),
+        pa.field("client_info", pa.binary()),
+    ]
+)
+"""One row per record; ``arrival_time`` is the platform's ingestion time (microseconds, as Spark keeps it)."""
+
+FIRST_SEQUENCE = 1
+MAX_RECORDS_PER_REQUEST = 10_000
+NEVER = v3io.dataplane.RaiseForStatus.never
+_CONDITION_FALSE = "16777244"
+
+
+def committed_attribute(group: str) -> str:
+    """The shard attribute v3io-go/Nuclio keep a group's last processed sequence number in."""
+    return f"__{check_group(group)}_committed_sequence_number"
+
+
+def parse_shard(shard: str) -> int:
+    """``"3"`` -> 3: v3io shard ids are the shard numbers."""
+    if not isinstance(shard, str) or not shard.isdigit() or (len(shard) > 1 and shard[0] == "0"):
+        raise ValueError(f"shard {shard!r} is not a v3io shard id ('0', '1', ...)")
+    return int(shard)
+
+
+def records_to_batch(shard: int, records: Sequence[Any]) -> pa.RecordBatch:
+    """Arrow columns from the client's ``GetRecordsResult`` objects (data and client info already decoded)."""
+    n = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(shard, pa.int32()), n),
+            pa.array([r.sequence_number for r in records], pa.int64()),
+            pa.array([r.data for r in records], pa.binary()),
+            pa.array(
+                [r.arrival_time_sec * 1_000_000 + r.arrival_time_nsec // 1000 for r in records],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            pa.array([r.partition_key for r in records], pa.string()),
+            pa.array([r.client_info for r in records], pa.binary()),
+        ],
+        schema=V3IO_ARROW_SCHEMA,
+    )
+
+
+def _body(response: Any) -> str:
+    body = response.body
+    if isinstance(body, bytes):
+        return body.decode("utf-8", "replace")
+    return str(body or "")
+
+
+class V3ioStream:
+    """The v3io requests the backend and the Spark source make, each answering in our terms.
+
+    Every request is sent with ``raise_for_status=never`` and its status interpreted here, so a platform
+    error becomes a ``StreamError`` that names the stream, the shard and what was being done."""
+
+    def __init__(self, config: V3ioStreamConfig, *, max_connections: int = 4) -> None:
+        self.config = config
+        self.container = config.container
+        self.path = config.stream_path
+        try:
+            kwargs = config.client_kwargs()
+        except ValueError as exc:
+            raise StreamError(f"{config.stream_id}: {exc}") from None
+        self.client = v3io.dataplane.Client(**kwargs, max_connections=max_connections)
+
+    def _call(self, what: str, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return request(*args, raise_for_status=NEVER, **kwargs)
+        except (OSError, HttpResponseError, RuntimeError) as exc:
+            raise StreamError(f"{self.config.stream_id}: {what} failed: {exc}") from exc
+
+    def _fail(self, what: str, response: Any) -> StreamError:
+        return StreamError(
+            f"{self.config.stream_id}: {what} failed with status {response.status_code}: {_body(response)[:500]}"
+        )
+
+    def shard_count(self) -> int:
+        response = self._call("DescribeStream", self.client.stream.describe, self.container, self.path)
+        if response.status_code == 404:
+            raise StreamError(f"{self.config.stream_id}: the stream does not exist (DescribeStream answered 404)")
+        if response.status_code != 200:
+            raise self._fail("DescribeStream", response)
+        return int(response.output.shard_count)
+
+    def shard_attributes(self, shard: int, names: Sequence[str]) -> dict[str, Any] | None:
+        """The shard object's attributes, or None when the shard has no object yet (no record written)."""
+        response = self._call(
+            f"reading shard {shard}",
+            self.client.kv.get,
+            self.container,
+            self.path,
+            str(shard),
+            attribute_names=list(names),
+        )
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._fail(f"reading shard {shard}", response)
+        item: dict[str, Any] = response.output.item
+        return item
+
+    def last_sequence(self, shard: int) -> int:
+        """The last sequence number written to the shard (0 when none)."""
+        item = self.shard_attributes(shard, ["__last_sequence_num"])
+        if item is None:
+            return FIRST_SEQUENCE - 1
+        value = item.get("__last_sequence_num")
+        if not isinstance(value, int):
+            raise StreamError(f"{self.config.stream_id}: shard {shard} has no __last_sequence_num attribute")
+        return value
+
+    def seek(self, shard: int, seek_type: str, **kwargs: Any) -> str | None:
+        """A location, or None when the shard has no records (404) or the sequence number is outside it (400)."""
+        what = f"seeking shard {shard} ({seek_type})"
+        response = self._call(what, self.client.stream.seek, self.container, self.path, shard, seek_type, **kwargs)
+        if response.status_code == 200:
+            location: str = response.output.location
+            return location
+        body = _body(response)
+        if response.status_code in (400, 404) and "ResourceNotFound" in body:
+            return None
+        if response.status_code == 400 and "InvalidArgument" in body and seek_type == "SEQUENCE":
+            return None
+        raise self._fail(what, response)
+
+    def get_records(self, shard: int, location: str, limit: int) -> Any | None:
+        """The client's GetRecordsOutput, or None when the location is no longer valid (retention)."""
+        what = f"reading shard {shard}"
+        response = self._call(
+            what, self.client.stream.get_records, self.container, self.path, shard, location, limit=limit
+        )
+        if response.status_code == 200:
+            return response.output
+        if response.status_code == 400 and "IllegalLocation" in _body(response):
+            return None
+        raise self._fail(what, response)
+
+    def first_sequence_from(self, shard: int, location: str | None) -> int | None:
+        """The sequence number of the first record at ``location``, None when there is none."""
+        if location is None:
+            return None
+        out = self.get_records(shard, location, 1)
+        if out is None or not out.records:
+            return None
+        first: int = out.records[0].sequence_number
+        return first
+
+    def watermarks(self, shard: int) -> Watermarks:
+        last = self.last_sequence(shard)
+        high = last + 1
+        if last < FIRST_SEQUENCE:
+            return Watermarks(high, high)
+        first = self.first_sequence_from(shard, self.seek(shard, "EARLIEST"))
+        return Watermarks(high if first is None else min(first, high), high)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def read_shard_range(
+    stream: V3ioStream,
+    shard: int,
+    start: int,
+    end: int,
+    *,
+    batch_size: int = 10_000,
+    records_per_request: int = 1000,
+    stall_timeout_s: float = 30.0,
+    poll_interval_s: float = 0.1,
+) -> Iterator[pa.RecordBatch]:
+    """Exactly the records with sequence numbers in ``[start, end)``, as batches of ``V3IO_ARROW_SCHEMA``.
+
+    Seek SEQUENCE then GetRecords until ``end``. Records not written yet are waited for until
+    ``stall_timeout_s`` passes without progress (``RangeIncompleteError``); records removed by retention
+    raise ``OffsetOutOfRangeError``. Sequence numbers are contiguous, so any gap is a loss, never skipped."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= start <= end:
+        raise ValueError(f"range of shard {shard}: need 0 <= start <= end, got [{start}, {end})")
+    pos = max(start, FIRST_SEQUENCE)
+    if pos >= end:
+        return
+    name = str(shard)
+    last_progress = time.monotonic()
+    location: str | None = None
+    while pos < end:
+        if location is None:
+            location = stream.seek(shard, "SEQUENCE", starting_sequence_number=pos)
+            if location is None:
+                marks = stream.watermarks(shard)
+                if pos < marks.low:
+                    raise OffsetOutOfRangeError(name, pos, marks.low)
+                _wait_or_give_up(name, start, end, pos, marks.high, last_progress, stall_timeout_s, poll_interval_s)
+                continue
+        limit = min(batch_size, end - pos, records_per_request, MAX_RECORDS_PER_REQUEST)
+        out = stream.get_records(shard, location, limit)
+        if out is None:
+            raise OffsetOutOfRangeError(name, pos, stream.watermarks(shard).low)
+        records = out.records
+        if not records:
+            location = out.next_location or location
+            _wait_or_give_up(name, start, end, pos, pos, last_progress, stall_timeout_s, poll_interval_s)
+            continue
+        if records[0].sequence_number != pos:
+            raise OffsetOutOfRangeError(name, pos, records[0].sequence_number)
+        if records[-1].sequence_number >= end:
+            records = [r for r in records if r.sequence_number < end]
+        pos = records[-1].sequence_number + 1
+        location = out.next_location
+        last_progress = time.monotonic()
+        yield records_to_batch(shard, records)
+
+
+def _wait_or_give_up(
+    shard: str,
+    start: int,
+    end: int,
+    pos: int,
+    high: int,
+    last_progress: float,
+    stall_timeout_s: float,
+    poll_interval_s: float,
+) -> None:
+    waited = time.monotonic() - last_progress
+    if waited > stall_timeout_s:
+        raise RangeIncompleteError(
+            f"shard {shard}: range [{start}, {end}) could not be completed: read up to {pos}, the shard ends at "
+            f"{high} (its high watermark) and no record came for {waited:.1f} s. The range may have been planned "
+            "past the data, or the stream is unreachable; nothing was committed."
+        )
+    time.sleep(poll_interval_s)
+
+
+class V3ioBackend:
+    """``StreamBackend`` over one v3io stream (see the module docstring for offsets and commits)."""
+
+    def __init__(self, config: V3ioStreamConfig, *, stall_timeout_s: float = 30.0) -> None:
+        self.config = config
+        self.stall_timeout_s = stall_timeout_s
+        self._stream: V3ioStream | None = None
+
+    def __repr__(self) -> str:
+        return f"V3ioBackend({self.stream_id!r})"
+
+    @property
+    def stream_id(self) -> str:
+        return self.config.stream_id
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return V3IO_ARROW_SCHEMA
+
+    @property
+    def stream(self) -> V3ioStream:
+        if self._stream is None:
+            self._stream = V3ioStream(self.config)
+        return self._stream
+
+    def shards(self) -> list[str]:
+        return [str(i) for i in range(self.stream.shard_count())]
+
+    def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
+        return {shard: self.stream.watermarks(parse_shard(shard)) for shard in shards}
+
+    def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
+        attribute = committed_attribute(group)
+        out: dict[str, int | None] = {}
+        for shard in shards:
+            item = self.stream.shard_attributes(parse_shard(shard), [attribute])
+            value = None if item is None else item.get(attribute)
+            out[shard] = None if value is None else int(value) + 1
+        return out
+
+    def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
+        """Raise each shard's attribute to ``offset - 1`` unless it is already there or higher.
+
+        A shard with no records yet has no object to hold the attribute: a commit at its start
+        (offset <= 1, nothing processed) is left out of the result; a larger one is refused."""
+        attribute = committed_attribute(group)
+        effective: dict[str, int] = {}
+        for shard, offset in offsets.items():
+            number = parse_shard(shard)
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset of shard {shard} must be an integer >= 0, got {offset!r}")
+            last_processed = max(offset - 1, FIRST_SEQUENCE - 1)
+            condition = f"(__obj_type == 3) AND ((NOT exists({attribute})) OR ({attribute} < {last_processed}))"
+            what = f"committing shard {shard} for group {group!r}"
+            response = self.stream._call(
+                what,
+                self.stream.client.kv.update,
+                self.config.container,
+                self.config.stream_path,
+                shard,
+                attributes={attribute: last_processed},
+                condition=condition,
+            )
+            if response.status_code == 200:
+                effective[shard] = last_processed + 1
+                continue
+            if response.status_code != 400 or _CONDITION_FALSE not in _body(response):
+                raise self.stream._fail(what, response)
+            item = self.stream.shard_attributes(number, [attribute])
+            if item is None:
+                if offset <= FIRST_SEQUENCE:
+                    continue
+                raise CommitRejectedError(
+                    f"{self.stream_id}: shard {shard} has no records yet, so offset {offset} of group {group!r} "
+                    "is past its end; nothing was written"
+                )
+            stored = item.get(attribute)
+            if not isinstance(stored, int):
+                raise StreamError(f"{self.stream_id}: shard {shard}: {attribute} holds {stored!r}, not a number")
+            effective[shard] = max(stored, last_processed) + 1
+        return effective
+
+    def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
+        number = parse_shard(shard)
+        seconds, millis = divmod(max(timestamp_ms, 0), 1000)
+        location = self.stream.seek(number, "TIME", timestamp_sec=seconds, timestamp_nsec=millis * 1_000_000)
+        first = self.stream.first_sequence_from(number, location)
+        if first is not None:
+            return first
+        return self.stream.last_sequence(number) + 1
+
+    def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
+        return read_shard_range(
+            self.stream,
+            parse_shard(shard),
+            start,
+            end,
+            batch_size=batch_size,
+            records_per_request=self.config.records_per_request,
+            stall_timeout_s=self.stall_timeout_s,
+        )
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
