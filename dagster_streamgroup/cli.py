@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from dagster_streamgroup.dagster.operator import GroupHandle
 
 
 @click.group()
@@ -42,6 +47,171 @@ def local_v3io(host: str, port: int, data: Path, access_key: str | None) -> None
     from dagster_streamgroup.local.v3io.server import serve
 
     serve(host=host, port=port, data_dir=data, access_key=access_key)
+
+
+_definitions_option = click.option(
+    "--definitions",
+    "definitions_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("definitions.py"),
+    show_default=True,
+    help="The code location file whose Definitions hold the group resource.",
+)
+_group_option = click.option("--group", required=True, help="The consumer group name.")
+
+
+def _group(definitions_path: Path, group: str) -> GroupHandle:
+    from dagster_streamgroup.dagster.operator import OperatorError, find_group, load_definitions
+
+    try:
+        return find_group(load_definitions(definitions_path), group)
+    except OperatorError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _when(seconds: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@main.command("status")
+@_group_option
+@_definitions_option
+@click.option("--events", "n_events", type=int, default=10, show_default=True, help="Recent events to show.")
+def status(group: str, definitions_path: Path, n_events: int) -> None:
+    """Members, shards, owners, epochs, committed offsets, high watermarks, lag, in-flight and parked ranges."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from dagster_streamgroup.dagster.operator import load_state, shard_rows
+
+    handle = _group(definitions_path, group)
+    resource = handle.resource
+    state = load_state(resource)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if state is None:
+        console.print(f"group {group!r} on {resource.backend().stream_id} has no state yet (no member has ticked)")
+        return
+    highs = {sid: mark.high for sid, mark in resource.backend().watermarks(list(state.shards)).items()}
+    now = resource.store().now()
+    members = Table(title=f"group {group} on {state.stream}: members")
+    for column in ("member", "joined", "last heartbeat", "shards"):
+        members.add_column(column)
+    for mid, member in sorted(state.members.items()):
+        owned = sum(1 for s in state.shards.values() if s.owner == mid)
+        members.add_row(mid, _when(member.joined), f"{now - member.heartbeat:.1f} s ago", str(owned))
+    console.print(members)
+    shards = Table(title="shards")
+    for column in ("shard", "owner", "epoch", "committed", "high", "lag", "in flight", "parked"):
+        shards.add_column(column, justify="right" if column in {"epoch", "committed", "high", "lag"} else "left")
+    rows = shard_rows(state, highs)
+    for row in rows:
+        shards.add_row(
+            row.shard,
+            row.owner,
+            str(row.epoch),
+            "-" if row.committed is None else str(row.committed),
+            "-" if row.high is None else str(row.high),
+            "-" if row.lag is None else str(row.lag),
+            row.inflight,
+            row.parked,
+        )
+    console.print(shards)
+    total = sum(r.lag for r in rows if r.lag is not None)
+    console.print(f"total lag: {total} records")
+    if n_events > 0 and state.events:
+        events = Table(title="recent events")
+        for column in ("at", "kind", "shard/member", "range", "detail"):
+            events.add_column(column)
+        for event in state.events[-n_events:]:
+            span = f"[{event.start}, {event.end})" if event.start is not None else ""
+            events.add_row(
+                _when(event.at), event.kind.value, event.shard or event.member_id or "", span, event.detail
+            )
+        console.print(events)
+
+
+@main.command("unpark")
+@_group_option
+@_definitions_option
+@click.option("--shard", required=True, help="The parked shard, e.g. clicks:3.")
+@click.option("--skip", is_flag=True, help="Dead-letter the parked range and continue after it (records skipped).")
+def unpark_command(group: str, definitions_path: Path, shard: str, skip: bool) -> None:
+    """Resume a parked shard: its range is retried (or, with --skip, recorded as dead-lettered)."""
+    from dagster_streamgroup.dagster.operator import OperatorError, unpark
+
+    handle = _group(definitions_path, group)
+    try:
+        changed = unpark(handle.resource, shard, skip=skip)
+    except OperatorError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"{shard}: " + (("skipped" if skip else "unparked") if changed else "was not parked"))
+
+
+def _timestamp_ms(value: str, option: str) -> int:
+    import datetime as dt
+
+    if value.isdigit():
+        return int(value)
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        message = f"{value!r} is neither epoch milliseconds nor an ISO 8601 time"
+        raise click.BadParameter(message, param_hint=option) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+@main.command("backfill")
+@_group_option
+@_definitions_option
+@click.option("--shard", required=True, help="The shard to re-process, e.g. clicks:3.")
+@click.option("--from", "start", type=int, default=None, help="First offset (inclusive).")
+@click.option("--to", "end", type=int, default=None, help="End offset (exclusive).")
+@click.option("--since", default=None, help="Start at the first record at/after this time (ISO 8601 or epoch ms).")
+@click.option("--until", default=None, help="End before the first record at/after this time.")
+@click.option("--chunk", type=int, default=None, help="Records per run (default: the group's max_records_per_run).")
+@click.option("--dagster-url", default="http://127.0.0.1:3000", show_default=True, help="The Dagster webserver.")
+@click.option("--dry-run", is_flag=True, help="Print the ranges without launching.")
+def backfill(
+    group: str,
+    definitions_path: Path,
+    shard: str,
+    start: int | None,
+    end: int | None,
+    since: str | None,
+    until: str | None,
+    chunk: int | None,
+    dagster_url: str,
+    dry_run: bool,
+) -> None:
+    """Re-process offsets of one shard as a Dagster backfill (shown in the UI); committed offsets do not move."""
+    from dagster_streamgroup.dagster.operator import OperatorError, chunk_ranges, launch_backfill
+
+    if (start is None) == (since is None) or (end is None) == (until is None):
+        raise click.UsageError(
+            "give the start as --from OFFSET or --since TIME, and the end as --to OFFSET or --until TIME"
+        )
+    handle = _group(definitions_path, group)
+    backend = handle.resource.backend()
+    try:
+        if since is not None:
+            start = backend.offset_for_time(shard, _timestamp_ms(since, "--since"))
+        if until is not None:
+            end = backend.offset_for_time(shard, _timestamp_ms(until, "--until"))
+        assert start is not None and end is not None
+        ranges = chunk_ranges(start, end, chunk or handle.resource.max_records_per_run)
+        if dry_run:
+            for s, e in ranges:
+                click.echo(f"{shard} [{s}, {e})")
+            return
+        backfill_id, keys = launch_backfill(handle, shard, ranges, dagster_url)
+    except (OperatorError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"backfill {backfill_id}: {len(keys)} run(s) over {shard} [{start}, {end})")
+    click.echo(f"{dagster_url.rstrip('/')}/runs/b/{backfill_id}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,212 @@
+"""What the ``streamgroup`` CLI does to a group: find it in a code location, describe it, unpark, backfill.
+
+Groups are found through the project's own ``Definitions`` (the same resources the sensors and runs use),
+so the CLI reads exactly the state and stream they do. Backfills go through the Dagster webserver's GraphQL
+API, so they are ordinary Dagster backfills: visible in the UI, queued under the per-shard run limit.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from dagster_streamgroup import protocol
+from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.member import update_state
+from dagster_streamgroup.protocol import GroupState
+
+
+class OperatorError(Exception):
+    """A CLI request that cannot be done; the message says why and what to change."""
+
+
+def load_definitions(path: Path) -> dg.Definitions:
+    if not path.is_file():
+        raise OperatorError(f"--definitions: {path} does not exist")
+    namespace = runpy.run_path(str(path), run_name="__streamgroup_cli__")
+    found = [v for v in namespace.values() if isinstance(v, dg.Definitions)]
+    if len(found) != 1:
+        raise OperatorError(f"--definitions: {path} must define exactly one Definitions object, found {len(found)}")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class GroupHandle:
+    resource: StreamGroupResource
+    resource_key: str
+    assets: list[dg.AssetsDefinition]
+
+
+def find_group(defs: dg.Definitions, group: str) -> GroupHandle:
+    resources = {
+        key: value
+        for key, value in (defs.resources or {}).items()
+        if isinstance(value, StreamGroupResource) and value.group == group
+    }
+    if not resources:
+        known = sorted(v.group for v in (defs.resources or {}).values() if isinstance(v, StreamGroupResource))
+        raise OperatorError(f"--group: no group {group!r} in these definitions (groups: {', '.join(known) or 'none'})")
+    key, resource = next(iter(resources.items()))
+    assets = [
+        a
+        for a in (defs.assets or [])
+        if isinstance(a, dg.AssetsDefinition) and a.metadata_by_key.get(a.key, {}).get(sgt.TAG_GROUP) == group
+    ]
+    return GroupHandle(resource=resource.process_config_and_initialize(), resource_key=key, assets=assets)
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    shard: str
+    owner: str
+    epoch: int
+    committed: int | None
+    high: int | None
+    lag: int | None
+    inflight: str
+    parked: str
+
+
+def shard_rows(state: GroupState, highs: dict[str, int]) -> list[ShardRow]:
+    rows = []
+    for sid, shard in state.shards.items():
+        high = highs.get(sid)
+        lag = max(0, high - shard.committed) if high is not None and shard.committed is not None else None
+        inflight = ""
+        if shard.inflight is not None:
+            f = shard.inflight
+            inflight = f"[{f.start}, {f.end}) a{f.attempt} by {f.member_id}"
+            if f.orphaned_at is not None:
+                inflight += " (draining)"
+        parked = f"[{shard.parked.start}, {shard.parked.end}): {shard.parked.reason}" if shard.parked else ""
+        owner = shard.owner or "-"
+        if shard.owner is not None and shard.owner not in state.members:
+            owner += " (left)"
+        rows.append(ShardRow(sid, owner, shard.epoch, shard.committed, high, lag, inflight, parked))
+    return rows
+
+
+def load_state(resource: StreamGroupResource) -> GroupState | None:
+    state, _ = resource.store().load(resource.state_key())
+    return state
+
+
+def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:
+    """Resume a parked shard (retry its range) or, with ``skip``, dead-letter the range and move on."""
+
+    def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, bool]:
+        if current is None or shard not in current.shards:
+            raise OperatorError(f"--shard: {shard} is not a shard of group {resource.group!r}")
+        if current.shards[shard].parked is None:
+            return current, False
+        return protocol.unpark(current, shard, now, skip=skip), True
+
+    changed, _ = update_state(resource.store(), resource.state_key(), transition)
+    return changed
+
+
+def chunk_ranges(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    if start < 0 or end <= start:
+        raise OperatorError(f"--from/--to: need 0 <= from < to, got [{start}, {end})")
+    if chunk < 1:
+        raise OperatorError(f"--chunk: must be >= 1, got {chunk}")
+    return [(s, min(s + chunk, end)) for s in range(start, end, chunk)]
+
+
+class DagsterGraphQL:
+    """The few GraphQL calls a backfill needs (the UI uses the same mutations)."""
+
+    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/") + "/graphql"
+        self.timeout_s = timeout_s
+
+    def execute(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                payload = json.loads(response.read())
+        except (urllib.error.URLError, TimeoutError) as exc:
+            raise OperatorError(f"--dagster-url: cannot reach the Dagster webserver at {self.url}: {exc}") from None
+        if payload.get("errors"):
+            raise OperatorError(f"Dagster GraphQL error: {payload['errors'][0].get('message')}")
+        data = payload.get("data")
+        assert isinstance(data, dict)
+        return data
+
+    def location_of(self, asset_key: dg.AssetKey) -> tuple[str, str]:
+        data = self.execute(
+            """query($k: AssetKeyInput!) { assetNodeOrError(assetKey: $k) { __typename
+                 ... on AssetNode { repository { name location { name } } } } }""",
+            {"k": {"path": asset_key.path}},
+        )
+        node = data["assetNodeOrError"]
+        if node.get("__typename") != "AssetNode":
+            raise OperatorError(f"the webserver does not know asset {asset_key.to_user_string()}")
+        return node["repository"]["location"]["name"], node["repository"]["name"]
+
+    def add_partitions(self, location: str, repository: str, partitions_def: str, keys: Sequence[str]) -> None:
+        for key in keys:
+            data = self.execute(
+                """mutation($r: RepositorySelector!, $p: String!, $k: String!) {
+                     addDynamicPartition(repositorySelector: $r, partitionsDefName: $p, partitionKey: $k) {
+                       __typename ... on PythonError { message } ... on DuplicateDynamicPartitionError { __typename }
+                       ... on UnauthorizedError { message } } }""",
+                {
+                    "r": {"repositoryLocationName": location, "repositoryName": repository},
+                    "p": partitions_def,
+                    "k": key,
+                },
+            )
+            kind = data["addDynamicPartition"]["__typename"]
+            if kind not in {"AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"}:
+                raise OperatorError(f"adding partition {key}: {data['addDynamicPartition'].get('message', kind)}")
+
+    def launch_backfill(self, asset_key: dg.AssetKey, keys: Sequence[str], tags: dict[str, str]) -> str:
+        data = self.execute(
+            """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+                 __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message }
+                 ... on InvalidSubsetError { message } ... on UnauthorizedError { message } } }""",
+            {
+                "p": {
+                    "partitionNames": list(keys),
+                    "assetSelection": [{"path": asset_key.path}],
+                    "tags": [{"key": k, "value": v} for k, v in tags.items()],
+                }
+            },
+        )
+        result = data["launchPartitionBackfill"]
+        if result["__typename"] != "LaunchBackfillSuccess":
+            raise OperatorError(f"the backfill was not launched: {result.get('message', result['__typename'])}")
+        return str(result["backfillId"])
+
+
+def launch_backfill(
+    handle: GroupHandle, shard: str, ranges: Sequence[tuple[int, int]], dagster_url: str
+) -> tuple[str, list[str]]:
+    """Register the ranges as partitions and launch one Dagster backfill over them (no offsets move)."""
+    if len(handle.assets) != 1:
+        raise OperatorError(
+            f"--group: expected one stream asset of group {handle.resource.group!r}, found {len(handle.assets)}"
+        )
+    asset = handle.assets[0]
+    shards = handle.resource.backend().shards()
+    if shard not in shards:
+        raise OperatorError(f"--shard: {shard} is not a shard of the stream (shards: {', '.join(shards[:8])} ...)")
+    keys = [sgt.range_partition_key(shard, s, e) for s, e in ranges]
+    client = DagsterGraphQL(dagster_url)
+    location, repository = client.location_of(asset.key)
+    partitions = asset.partitions_def
+    assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name is not None
+    client.add_partitions(location, repository, partitions.name, keys)
+    backfill_id = client.launch_backfill(asset.key, keys, sgt.backfill_tags(handle.resource.group, shard))
+    return backfill_id, keys
