@@ -152,9 +152,16 @@ def running_broker(port: int | None = None, *, start_timeout_s: float = 20.0) ->
 
 
 def serve(host: str, port: int) -> None:
-    """Run the local broker in the foreground until Ctrl-C (``streamgroup local kafka``)."""
+    """Run the local broker in the foreground until Ctrl-C or SIGTERM (``streamgroup local kafka``)."""
     if host not in {"127.0.0.1", "localhost", "::1"}:
         print(f"warning: the local broker has no authentication; listening on {host}", file=sys.stderr)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # explicit handlers: a shell starts background jobs with SIGINT ignored, and SIGTERM must stop the broker too
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     proc = subprocess.Popen(broker_command(host, port), stdin=subprocess.DEVNULL)
     try:
         wait_until_answering(f"{host}:{port}", proc=proc)
