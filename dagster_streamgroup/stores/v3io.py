@@ -9,8 +9,8 @@ v3io-go does; the token handed out is the mtime pair.
 The encoded state goes into the attribute ``state`` (v3io-go's) and, when it is longer than one string
 attribute may be (the v3io client refuses more than 61,199 characters), continues in ``state_1``,
 ``state_2``, ... with the count in ``state_parts``: one item, so one conditional write still covers the
-whole state. States larger than one attribute are zlib-compressed first (5,000 shards: 1.9 MB of JSON
-become about 110 kB), which also keeps each tick's read and write small.
+whole state. States larger than one attribute are zlib-compressed first (5,000 shards: 1.7-1.9 MB of JSON
+become about 110-120 kB), which also keeps each tick's read and write small.
 
 Our items also carry ``state_kind`` and ``state_schema``, and every update requires them to be ours and
 not newer: a v3io-go/Nuclio group (a ``session_states`` document in ``state``) or a state of a newer
