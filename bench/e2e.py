@@ -1,0 +1,151 @@
+"""The example end to end under ``dagster dev``: how long draining a backlog takes against a raw consumer.
+
+``python -m bench.e2e [--records 200000] [--partitions 8] [--members 3] [--max-records-per-run 100000]
+[--spark local|connect] [--overhead-repeats 3] [--timeout 1800]``
+
+1. the local broker, a topic of ``--partitions`` partitions and ``--records`` clickstream events;
+2. ``raw_consumer_s``: one confluent-kafka consumer reads every record (the project's range reader);
+3. ``drain_s``: ``dagster dev`` with the example project (3 member sensors, PySpark runs writing Parquet)
+   starts on a fresh instance; the time until Kafka's group offsets reach the high watermarks;
+4. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
+   read, in a new process), classic ``local[2]`` and over the local Spark Connect server
+   (``dagster_streamgroup.local.spark_connect``), median of ``--overhead-repeats``.
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dagster_streamgroup.dagster import KafkaStreamGroup
+from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
+from dagster_streamgroup.local.kafka_broker import running_broker
+from dagster_streamgroup.local.kafka_data import create_topics
+from dagster_streamgroup.streams.kafka import PartitionRange, read_ranges
+from jobs.clickstream_events import produce_burst, producers
+
+PROBE_ROWS = 1000
+
+
+def raw_consumer_seconds(bootstrap: str, topic: str, highs: dict[str, int]) -> tuple[float, int]:
+    ranges = [PartitionRange(topic, int(shard.rsplit(":", 1)[1]), 0, high) for shard, high in highs.items()]
+    started = time.perf_counter()
+    records = sum(batch.num_rows for batch in read_ranges({"bootstrap.servers": bootstrap}, ranges))
+    return time.perf_counter() - started, records
+
+
+def probe(target: list[str]) -> float:
+    """One new process: session + first read of 1,000 rows through a Python Data Source."""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    command = [sys.executable, "-m", "dagster_streamgroup.local.spark_probe", *target, "--rows", str(PROBE_ROWS)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"probe {target} failed:\n{done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["overhead_s"])
+
+
+def drain(args: argparse.Namespace, bootstrap: str, topic: str, remote: str | None, work: Path) -> dict[str, Any]:
+    group = f"bench_{uuid.uuid4().hex[:8]}"
+    home = work / "home"
+    env = {
+        "CLICKSTREAM_BOOTSTRAP": bootstrap,
+        "CLICKSTREAM_TOPIC": topic,
+        "CLICKSTREAM_GROUP": group,
+        "CLICKSTREAM_MEMBERS": str(args.members),
+        "CLICKSTREAM_HEARTBEAT_S": "3",
+        "CLICKSTREAM_SESSION_TIMEOUT_S": "10",
+        "CLICKSTREAM_MAX_RECORDS_PER_RUN": str(args.max_records_per_run),
+        "CLICKSTREAM_OUTPUT": str(work / "output"),
+        "CLICKSTREAM_SPARK_MASTER": "local[2]",
+    }
+    if remote is not None:
+        env["CLICKSTREAM_SPARK_REMOTE"] = remote
+    resource = KafkaStreamGroup(
+        group=group,
+        bootstrap_servers=bootstrap,
+        topics=[topic],
+        store_url=f"sqlite:///{home / 'streamgroup-state.db'}",
+        heartbeat_interval_s=3,
+        session_timeout_s=10,
+    )
+    backend = resource.backend()
+    shards = backend.shards()
+    highs = {s: m.high for s, m in backend.watermarks(shards).items()}
+
+    def drained() -> bool:
+        return backend.committed(group, shards) == highs
+
+    dev = DagsterDev(home, env, work / "dagster-dev.log")
+    started = time.perf_counter()
+    try:
+        dev.start()
+        ready_s = time.perf_counter() - started
+        print(f"dagster dev ready after {ready_s:.1f} s", flush=True)
+        wait_for("the backlog to drain", drained, args.timeout, 1.0)
+        drain_s = time.perf_counter() - started
+        runs = dev.runs()
+    finally:
+        dev.stop()
+    statuses: dict[str, int] = {}
+    for run in runs:
+        statuses[run["status"]] = statuses.get(run["status"], 0) + 1
+    print(f"drained in {drain_s:.1f} s with {len(runs)} runs {statuses}", flush=True)
+    return {"drain_s": round(drain_s, 2), "ready_s": round(ready_s, 2), "runs": len(runs), "run_statuses": statuses}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--max-records-per-run", type=int, default=100_000)
+    parser.add_argument("--spark", choices=["local", "connect"], default="local", help="where the runs' Spark runs")
+    parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
+    args = parser.parse_args(argv)
+    if min(args.records, args.partitions, args.members, args.max_records_per_run) < 1:
+        parser.error("--records, --partitions, --members and --max-records-per-run must be >= 1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from dagster_streamgroup.local.spark_connect import running_connect_server
+
+    result: dict[str, Any] = {"records": 0, "partitions": args.partitions, "members": args.members, "spark": args.spark}
+    with running_broker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+        topic = f"clicks-{uuid.uuid4().hex[:8]}"
+        create_topics(broker.bootstrap, {topic: args.partitions})
+        bulk, trailer = producers({"bootstrap.servers": broker.bootstrap})
+        produce_burst(bulk, trailer, topic, args.partitions, args.records, random.Random(7))
+        backend = KafkaStreamGroup(group="bench", bootstrap_servers=broker.bootstrap, topics=[topic]).backend()
+        highs = {s: m.high for s, m in backend.watermarks(backend.shards()).items()}
+        raw_s, records = raw_consumer_seconds(broker.bootstrap, topic, highs)
+        print(f"{records} records; raw consumer read them in {raw_s:.2f} s", flush=True)
+        result.update(records=records, raw_consumer_s=round(raw_s, 3))
+        with running_connect_server() as server:
+            remote = server.remote
+            local = [probe(["--master", "local[2]"]) for _ in range(args.overhead_repeats)]
+            connect = [probe(["--remote", remote]) for _ in range(args.overhead_repeats)]
+            print(f"per-run Spark overhead: local {local}, connect {connect}", flush=True)
+            result["per_run_overhead_s"] = {
+                "local": round(statistics.median(local), 3),
+                "connect": round(statistics.median(connect), 3),
+            }
+            result.update(drain(args, broker.bootstrap, topic, remote if args.spark == "connect" else None, Path(tmp)))
+    result["ratio"] = round(result["drain_s"] / result["raw_consumer_s"], 1)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""A real ``dagster dev`` (daemon, webserver, code server) for end-to-end tests and benchmarks, over GraphQL.
+
+It is started in its own session so signals reach the whole tree and stopped by process group; its
+instance lives in a fresh DAGSTER_HOME with the project's dagster.yaml (per-shard run limit)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dagster_streamgroup.local.kafka_broker import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The project checkout: workspace.yaml, dagster.yaml and .venv/ of the example."""
+T = TypeVar("T")
+DEV_COMMAND = (str(ROOT / ".venv/bin/dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1")
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, interval_s: float = 2.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except Exception as exc:  # a poll that fails (server restarting) is retried until the deadline
+            last = exc
+            value = None
+        if value is not None and value is not False:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s:.0f} s (last error: {last})")
+
+
+class DagsterDev:
+    def __init__(self, home: Path, env: Mapping[str, str], log: Path) -> None:
+        self.home = home
+        self.env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
+        self.log = log
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [*DEV_COMMAND, "-p", str(self.port)],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        wait_for("the webserver and the sensor daemon", self._ready, timeout_s)
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {self.proc.returncode}; see {self.log}")
+        data = self.graphql("{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }")
+        statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
+        return any(s["daemonType"] == "SENSOR" and s["healthy"] for s in statuses)
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            payload = json.loads(response.read())
+        if payload.get("errors"):
+            raise RuntimeError(payload["errors"])
+        data = payload["data"]
+        assert isinstance(data, dict)
+        return data
+
+    def runs(self) -> list[dict[str, Any]]:
+        data = self.graphql(
+            "{ runsOrError(limit: 100000) { ... on Runs { results { runId status tags { key value } } } } }"
+        )
+        runs = data["runsOrError"]["results"]
+        for run in runs:
+            run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
+        assert isinstance(runs, list)
+        return runs
+
+    def materializations(self, asset: str) -> list[dict[str, Any]]:
+        data = self.graphql(
+            """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
+                 assetMaterializations(limit: 100000) { partition runId metadataEntries { label
+                   ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
+                   ... on BoolMetadataEntry { boolValue } } } } } }""",
+            {"k": {"path": [asset]}},
+        )
+        out = []
+        for m in data["assetOrError"]["assetMaterializations"]:
+            meta = {}
+            for e in m["metadataEntries"]:
+                meta[e["label"]] = e.get("intValue", e.get("text", e.get("boolValue")))
+            out.append({"partition": m["partition"], "runId": m["runId"], **meta})
+        return out
+
+    def stop_sensor(self, name: str, location: str = "clickstream") -> None:
+        data = self.graphql(
+            """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+                 ... on Sensor { jobOriginId sensorState { selectorId status } } } }""",
+            {"s": {"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": name}},
+        )
+        sensor = data["sensorOrError"]
+        result = self.graphql(
+            """mutation($o: String!, $s: String!) { stopSensor(jobOriginId: $o, jobSelectorId: $s) { __typename
+                 ... on StopSensorMutationResult { instigationState { status } } ... on PythonError { message } } }""",
+            {"o": sensor["jobOriginId"], "s": sensor["sensorState"]["selectorId"]},
+        )["stopSensor"]
+        if result["__typename"] != "StopSensorMutationResult" or result["instigationState"]["status"] != "STOPPED":
+            raise RuntimeError(f"stopping {name}: {result}")
+
+    def daemon_pid(self) -> int:
+        """The ``dagster._daemon run`` child of ``dagster dev``."""
+        assert self.proc is not None
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                if ppid == self.proc.pid and b"dagster._daemon" in cmdline:
+                    return int(entry.name)
+        raise RuntimeError("the daemon process of dagster dev was not found")
+
+    def kill_daemon_and_wait(self, timeout_s: float = 120.0) -> None:
+        """SIGKILL the daemon: ``dagster dev`` notices and shuts the rest down; what lingers is killed."""
+        os.kill(self.daemon_pid(), signal.SIGKILL)
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout_s)
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self.proc = None

@@ -1,0 +1,138 @@
+"""``streamgroup status | unpark | backfill --dry-run`` over a real broker and store, through click."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from click.testing import CliRunner
+from dagster._core.test_utils import create_run_for_test
+
+from dagster_streamgroup.cli import main
+from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
+from tests.dagster.helpers import SensorDriver, counting_asset, group_name, group_resource, sensors_for
+from tests.fixtures.kafka import TopicFactory
+
+pytestmark = pytest.mark.kafka
+
+DEFINITIONS = """
+import dagster as dg
+from dagster_streamgroup.dagster import KafkaStreamGroup, stream_asset
+
+@stream_asset(group={group!r}, name="events")
+def events(context, df):
+    return None
+
+defs = dg.Definitions(
+    assets=[events],
+    resources={{"streamgroup": KafkaStreamGroup(group={group!r}, bootstrap_servers={bootstrap!r}, topics=[{topic!r}],
+        store_url={store!r}, heartbeat_interval_s=1.0, join_grace_s=0.0, max_records_per_run=300, max_attempts=1)}},
+)
+"""
+
+
+def cli_args(group: str, definitions: Path, shard: str) -> list[str]:
+    return ["backfill", "--group", group, "--definitions", str(definitions), "--shard", shard, "--dry-run"]
+
+
+def write_definitions(tmp_path: Path, group: str, bootstrap: str, topic: str) -> Path:
+    path = tmp_path / "definitions.py"
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    path.write_text(DEFINITIONS.format(group=group, bootstrap=bootstrap, topic=topic, store=store))
+    return path
+
+
+def test_status_unpark_and_backfill_plan(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 1000)
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    runner = CliRunner()
+    empty = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions)])
+    assert empty.exit_code == 0, empty.output
+    assert "has no state yet" in empty.output
+
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_attempts=1)
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensor, instance, resource)
+        request = driver.requests()[f"{topic}:0"]
+        assert request.tags is not None
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.FAILURE,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        )
+        driver.tick()  # max_attempts=1: the failed range parks the shard
+
+    status = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions)])
+    assert status.exit_code == 0, status.output
+    assert sensor.name in status.output
+    assert f"{topic}:0" in status.output and f"{topic}:1" in status.output
+    assert "[0, 300)" in status.output  # parked range (and the range in flight on the other shard)
+    assert "parked" in status.output and "total lag: 1002 records" in status.output
+
+    unparked = runner.invoke(
+        main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]
+    )
+    assert unparked.exit_code == 0 and "unparked" in unparked.output
+    state = resource.member("reader").load()
+    assert state is not None and state.shards[f"{topic}:0"].parked is None
+    again = runner.invoke(
+        main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]
+    )
+    assert "was not parked" in again.output
+
+    plan = runner.invoke(
+        main,
+        [*cli_args(group, definitions, f"{topic}:1"), "--from", "100", "--to", "450", "--chunk", "200"],
+    )
+    assert plan.exit_code == 0, plan.output
+    assert plan.output.splitlines() == [f"{topic}:1 [100, 300)", f"{topic}:1 [300, 450)"]
+
+
+def test_backfill_by_time_uses_offset_for_time(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topics(partitions=1)
+    marks = []
+    for values in ([b"a", b"b"], [b"c", b"d"], [b"e"]):
+        marks.append(int(time.time() * 1000))  # the local broker looks times up by write time: space them out
+        produce_records(kafka_bootstrap, topic, 0, values)
+        time.sleep(1.2)
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    since = str(marks[1])
+    until = dt.datetime.fromtimestamp(marks[2] / 1000, dt.UTC).isoformat()
+    plan = CliRunner().invoke(
+        main,
+        [*cli_args(group, definitions, f"{topic}:0"), "--since", since, "--until", until],
+    )
+    assert plan.exit_code == 0, plan.output
+    assert plan.output.splitlines() == [f"{topic}:0 [2, 4)"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--group", "nope", "--shard", "x:0", "--from", "0", "--to", "1"], "no group 'nope'"),
+        (["--shard", "x:0", "--from", "5", "--to", "1"], "--from/--to"),
+        (["--shard", "x:0", "--from", "5"], "--to OFFSET or --until TIME"),
+        (["--shard", "x:0", "--since", "yesterday", "--to", "3"], "neither epoch milliseconds nor an ISO 8601"),
+    ],
+)
+def test_backfill_errors_name_the_option(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, args: list[str], message: str
+) -> None:
+    topic = kafka_topics(partitions=1)
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    base = ["backfill", "--definitions", str(definitions), "--dry-run"]
+    if "--group" not in args:
+        base += ["--group", group]
+    result = CliRunner().invoke(main, base + args)
+    assert result.exit_code != 0
+    assert message in result.output
