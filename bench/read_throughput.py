@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from dagster_streamgroup.local.kafka_broker import external_bootstrap, running_broker
 from dagster_streamgroup.local.kafka_data import create_topics, delete_topics, produce_sample

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -67,7 +68,7 @@ def spark_rows(df: DataFrame) -> list[Row]:
 
 
 @pytest.fixture(scope="module")
-def data(kafka_bootstrap: str) -> tuple[KafkaStreamConfig, str, dict[int, int]]:
+def data(kafka_bootstrap: str) -> Iterator[tuple[KafkaStreamConfig, str, dict[int, int]]]:
     factory = TopicFactory(kafka_bootstrap)
     topic = factory(3, prefix="spark")
     ends = produce_sample(kafka_bootstrap, topic, 3, 6000, value_size=20)
@@ -99,7 +100,7 @@ def test_the_dataframe_equals_a_plain_consumer_read_row_for_row(
 def test_large_ranges_split_over_several_tasks_without_loss_or_duplicates(
     spark: SparkSession, data: tuple[KafkaStreamConfig, str, dict[int, int]]
 ) -> None:
-    config, topic, ends = data
+    config, topic, _ = data
     ranges = [ShardRange(f"{topic}:0", 10, 1510), ShardRange(f"{topic}:1", 0, 100)]
     df = read_kafka_ranges(spark, config, ranges, max_records_per_partition=400)
     assert df.rdd.getNumPartitions() == 4 + 1
