@@ -11,6 +11,9 @@ registration vanished (v3io-go #107).
 Each row also carries the ``kind`` and ``schema_version`` of the state it holds, copied from the state
 when it is written. The CAS ``UPDATE`` requires them to be ours and not newer, so a row this version
 cannot read is never overwritten, even by a caller that presents its current version.
+
+Every operation is one statement on an autocommit connection: the conditional ``UPDATE`` is atomic on
+its own, and a CAS costs one round trip instead of BEGIN/UPDATE/COMMIT.
 """
 
 from __future__ import annotations
@@ -93,7 +96,8 @@ def normalize_url(url: str) -> URL:
     )
 
 
-def _state_table(name: str) -> Table:
+def state_table(name: str) -> Table:
+    """The table layout; ``kind``/``schema_version`` mirror the body so the CAS can refuse rows not ours."""
     return Table(
         name,
         MetaData(),
@@ -129,7 +133,7 @@ class SqlStateStore:
         self._url = parsed
         self._safe_url = safe_url(parsed)
         self._is_postgres = parsed.get_backend_name() == "postgresql"
-        self._table = _state_table(table)
+        self._table = state_table(table)
         self._engine = self._create_engine(parsed)
         self._ensure_table()
 
@@ -147,6 +151,7 @@ class SqlStateStore:
             # (a server restart or an idle timeout between ticks must not fail the next tick).
             return create_engine(
                 parsed,
+                isolation_level="AUTOCOMMIT",
                 pool_size=2,
                 max_overflow=4,
                 pool_pre_ping=True,
@@ -157,7 +162,10 @@ class SqlStateStore:
         assert parsed.database is not None
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S}, pool_pre_ping=False, hide_parameters=True
+            parsed,
+            isolation_level="AUTOCOMMIT",
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+            hide_parameters=True,
         )
         event.listen(engine, "connect", _enable_sqlite_wal)
         return engine
@@ -173,7 +181,7 @@ class SqlStateStore:
         """Create the table if absent. Many members may start at once, and even ``IF NOT EXISTS`` can race
         (PostgreSQL reports a duplicate type): a failure is fine when the table exists afterwards."""
         try:
-            with self._engine.begin() as conn:
+            with self._engine.connect() as conn:
                 conn.execute(CreateTable(self._table, if_not_exists=True))
         except DBAPIError as exc:
             try:
@@ -223,7 +231,7 @@ class SqlStateStore:
             .returning(self._table.c.version)
         )
         # RETURNING rather than rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT under SQLAlchemy.
-        with self._engine.begin() as conn:
+        with self._engine.connect() as conn:
             return conn.execute(stmt).scalar_one_or_none() is not None
 
     def _update(self, key: str, state: GroupState, body: str, version: int) -> bool:
@@ -245,7 +253,7 @@ class SqlStateStore:
             )
             .returning(t.c.version)
         )
-        with self._engine.begin() as conn:
+        with self._engine.connect() as conn:
             if conn.execute(stmt).scalar_one_or_none() is not None:
                 return True
             current = conn.execute(select(t.c.version).where(t.c.key == key)).scalar_one_or_none()
