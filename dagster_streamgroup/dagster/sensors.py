@@ -173,11 +173,10 @@ def _leave_stopped_peers(
     candidates = {p for p in peers if p != member_id and p in state.members}
     if not candidates:
         return []
-    stopped = sorted(
-        s.instigator_name
-        for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-        if s.instigator_name in candidates and s.status == InstigatorStatus.STOPPED
+    states = instance.all_instigator_state(
+        instigator_type=InstigatorType.SENSOR, instigator_statuses={InstigatorStatus.STOPPED}
     )
+    stopped = sorted(s.instigator_name for s in states if s.instigator_name in candidates)
     notes = []
     for peer in stopped:
 

@@ -128,3 +128,43 @@ def test_lag_of_every_owned_shard_is_observed(kafka_bootstrap: str, kafka_topics
         assert metadata["lag"].value == 1002
         throttled = driver.tick()
         assert not [e for e in throttled.asset_events if isinstance(e, dg.AssetObservation)]
+
+
+def stop_in_dagster(instance: dg.DagsterInstance, sensor_name: str) -> None:
+    """What stopping a sensor in the UI stores: its instigator state, STOPPED."""
+    from dagster._core.remote_origin import (
+        RegisteredCodeLocationOrigin,
+        RemoteInstigatorOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.scheduler.instigation import InstigatorState, InstigatorStatus, InstigatorType
+
+    origin = RemoteInstigatorOrigin(
+        RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("test"), "__repository__"), sensor_name
+    )
+    instance.add_instigator_state(InstigatorState(origin, InstigatorType.SENSOR, InstigatorStatus.STOPPED))
+
+
+def test_a_peer_stopped_in_dagster_leaves_at_the_next_tick(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topics(partitions=4)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    sensors = sensors_for(counting_asset(group, []), members=2)
+    with dg.instance_for_test() as instance:
+        first, second = (SensorDriver(s, instance, resource) for s in sensors)
+        first.tick()
+        second.tick()
+        first.tick()
+        state = resource.member("reader").load()
+        assert state is not None
+        assert sorted(s.owner or "" for s in state.shards.values()) == [sensors[0].name] * 2 + [sensors[1].name] * 2
+
+        stop_in_dagster(instance, sensors[1].name)
+        result = first.tick()  # long before the session timeout (30 s here)
+        assert result.skip_reason is not None
+        assert f"{sensors[1].name} is stopped in Dagster and left the group" in (result.skip_reason.skip_message or "")
+        state = resource.member("reader").load()
+        assert state is not None and set(state.members) == {sensors[0].name}
+        assert all(s.owner == sensors[0].name for s in state.shards.values())

@@ -9,10 +9,12 @@ then the daemon is killed mid-stream and started again (nothing lost, nothing co
 from __future__ import annotations
 
 import random
+import tempfile
 import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,15 @@ def assert_runs_succeeded(dev: DagsterDev, allowed_failures: set[str] = frozense
     return runs
 
 
-def test_example_under_dagster_dev(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    """Not pytest's tmp_path: a concurrent pytest session prunes old basetemps, this instance among them."""
+    with tempfile.TemporaryDirectory(prefix="streamgroup-e2e-") as tmp:
+        yield Path(tmp)
+
+
+def test_example_under_dagster_dev(kafka_bootstrap: str, work_dir: Path) -> None:
+    tmp_path = work_dir
     topic = f"clicks-{uuid.uuid4().hex[:8]}"
     group = f"e2e_{uuid.uuid4().hex[:8]}"
     create_topics(kafka_bootstrap, {topic: PARTITIONS})
