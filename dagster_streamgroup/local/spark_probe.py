@@ -66,10 +66,29 @@ class ProbeDataSource(DataSource):
         return _ProbeReader(_rows_option(dict(self.options)))
 
 
-def probe_run(*, remote: str | None = None, master: str | None = None, rows: int = DEFAULT_ROWS) -> dict[str, Any]:
+def _read(spark: SparkSession, rows: int, kafka: tuple[str, str] | None) -> int:
+    if kafka is None:
+        spark.dataSource.register(ProbeDataSource)
+        return int(spark.read.format(NAME).option("rows", rows).load().count())
+    from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
+    from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
+
+    bootstrap, topic = kafka
+    config = KafkaStreamConfig(bootstrap_servers=bootstrap, topics=[topic])
+    return int(read_kafka_ranges(spark, config, {f"{topic}:0": (0, rows)}).count())
+
+
+def probe_run(
+    *,
+    remote: str | None = None,
+    master: str | None = None,
+    rows: int = DEFAULT_ROWS,
+    kafka: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """What one Dagster run pays before its own work starts: a session (Connect ``remote`` or classic
-    ``master``), registering this source, and the first read of ``rows`` rows. Returns seconds per step
-    and the row count read; ``overhead_s`` is session + register + first read."""
+    ``master``) and the first read of ``rows`` rows through a Python Data Source (this probe, or with
+    ``kafka=(bootstrap, topic)`` the project's Kafka source over partition 0's offsets [0, rows)). Returns
+    seconds per step and the row count read; ``overhead_s`` is session + first read (registration included)."""
     if (remote is None) == (master is None):
         raise ValueError("give exactly one of remote (sc://host:port) or master (e.g. local[2])")
     if master is not None:
@@ -89,34 +108,38 @@ def probe_run(*, remote: str | None = None, master: str | None = None, rows: int
             .getOrCreate()
         )
     session_done = time.perf_counter()
-    spark.dataSource.register(ProbeDataSource)
-    registered = time.perf_counter()
-    count = spark.read.format(NAME).option("rows", rows).load().count()
+    count = _read(spark, rows, kafka)
     read_done = time.perf_counter()
     spark.stop()
     stopped = time.perf_counter()
     return {
         "mode": "connect" if remote is not None else "local",
+        "source": "kafka" if kafka is not None else NAME,
         "rows": count,
         "session_s": round(session_done - started, 3),
-        "register_s": round(registered - session_done, 3),
-        "first_read_s": round(read_done - registered, 3),
+        "first_read_s": round(read_done - session_done, 3),
         "overhead_s": round(read_done - started, 3),
         "stop_s": round(stopped - read_done, 3),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dagster_streamgroup.local.spark_probe (--remote sc://... | --master local[2])``: one probe
-    run in this process; prints its timings as one JSON line (used for warm-up, the benchmark and tests)."""
+    """``python -m dagster_streamgroup.local.spark_probe (--remote sc://... | --master local[2])
+    [--kafka-bootstrap B --kafka-topic T]``: one probe run in this process; prints its timings as one JSON line
+    (used for warm-up, the benchmark and tests)."""
     begun = time.perf_counter()
     parser = argparse.ArgumentParser(description="One probe run: session + first Python Data Source read.")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--remote")
     target.add_argument("--master")
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    parser.add_argument("--kafka-bootstrap", help="read partition 0 of --kafka-topic through the Kafka source")
+    parser.add_argument("--kafka-topic")
     args = parser.parse_args(argv)
-    result = probe_run(remote=args.remote, master=args.master, rows=args.rows)
+    if (args.kafka_bootstrap is None) != (args.kafka_topic is None):
+        parser.error("--kafka-bootstrap and --kafka-topic go together")
+    kafka = (args.kafka_bootstrap, args.kafka_topic) if args.kafka_bootstrap else None
+    result = probe_run(remote=args.remote, master=args.master, rows=args.rows, kafka=kafka)
     if result["rows"] != args.rows:
         print(json.dumps({**result, "error": f"read {result['rows']} rows, expected {args.rows}"}), flush=True)
         return 1
