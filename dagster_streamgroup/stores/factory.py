@@ -13,10 +13,6 @@ from dagster_streamgroup.stores.memory import MemoryStore
 from dagster_streamgroup.stores.sql import SqlStateStore, StoreConfigError, safe_url
 
 
-class StoreNotAvailableError(StoreConfigError):
-    """The URL names a store that this installation does not provide."""
-
-
 def _open_sql(url: str) -> StateStore:
     return SqlStateStore(url)
 

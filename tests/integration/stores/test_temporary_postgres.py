@@ -1,0 +1,53 @@
+"""The temporary PostgreSQL: loopback only, never root, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from dagster_streamgroup.local.postgres import temporary_postgres
+
+pytestmark = pytest.mark.postgres
+
+
+def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    u = make_url(url)
+    return psycopg.connect(host=u.host, port=u.port, user=u.username, password=u.password, dbname=u.database)
+
+
+def _uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid in /proc/{pid}/status")
+
+
+def test_server_listens_on_loopback_and_runs_as_a_non_root_user(postgres_url: str) -> None:
+    assert make_url(postgres_url).host == "127.0.0.1"
+    with _connect(postgres_url) as conn:
+        row = conn.execute("SELECT current_setting('listen_addresses'), pg_backend_pid()").fetchone()
+    assert row is not None
+    listen, backend_pid = row
+    assert listen == "127.0.0.1"
+    assert isinstance(backend_pid, int)
+    assert _uid(backend_pid) != 0
+    if os.geteuid() == 0:
+        import pwd
+
+        assert _uid(backend_pid) == pwd.getpwnam("postgres").pw_uid
+
+
+def test_exit_stops_the_server_and_removes_its_directory(postgres_url: str) -> None:
+    # postgres_url only makes sure the binaries exist (it skips otherwise); this test needs its own server.
+    with temporary_postgres(durable=False) as url, _connect(url) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+        assert row is not None
+        data_dir = Path(str(row[0]))
+        postmaster_pid = int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+        assert Path(f"/proc/{postmaster_pid}").exists()
+    assert not Path(f"/proc/{postmaster_pid}").exists()
+    assert not data_dir.parent.exists()
