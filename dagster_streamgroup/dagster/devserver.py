@@ -41,6 +41,14 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, interva
     raise TimeoutError(f"{what}: not within {timeout_s:.0f} s (last error: {last})")
 
 
+def process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class DagsterDev:
     def __init__(self, home: Path, env: Mapping[str, str], log: Path) -> None:
         self.home = home
@@ -142,12 +150,18 @@ class DagsterDev:
                     return int(entry.name)
         raise RuntimeError("the daemon process of dagster dev was not found")
 
-    def kill_daemon_and_wait(self, timeout_s: float = 120.0) -> None:
-        """SIGKILL the daemon: ``dagster dev`` notices and shuts the rest down; what lingers is killed."""
-        os.kill(self.daemon_pid(), signal.SIGKILL)
+    def kill_daemon_and_wait(self, timeout_s: float = 900.0) -> None:
+        """SIGKILL the daemon. ``dagster dev`` notices and shuts its other services down; run workers already
+        started are separate processes that finish their runs (as they would when a production daemon dies).
+        Whatever is still alive after ``timeout_s`` is killed."""
         assert self.proc is not None
+        pgid = self.proc.pid
+        os.kill(self.daemon_pid(), signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout_s)
+            self.proc.wait(max(1.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline and process_group_alive(pgid):
+            time.sleep(1.0)
         self.stop()
 
     def stop(self) -> None:

@@ -1,5 +1,5 @@
 """The ``dagster dev`` harness lives in the package so ``bench.e2e`` uses the same one."""
 
-from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
+from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
 
-__all__ = ["DagsterDev", "wait_for"]
+__all__ = ["ROOT", "DagsterDev", "wait_for"]

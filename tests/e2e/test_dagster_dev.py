@@ -9,6 +9,7 @@ then the daemon is killed mid-stream and started again (nothing lost, nothing co
 from __future__ import annotations
 
 import random
+import subprocess
 import tempfile
 import threading
 import time
@@ -23,9 +24,9 @@ import pytest
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.local.kafka_data import create_topics
 from jobs.clickstream_events import produce_burst, producers
-from tests.e2e.dagster_dev import DagsterDev, wait_for
+from tests.e2e.dagster_dev import ROOT, DagsterDev, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 PARTITIONS = 8
 MEMBERS = 3
@@ -34,7 +35,7 @@ HEARTBEAT_S = 3.0
 SESSION_TIMEOUT_S = 10.0
 ASSET = "page_views_per_minute"
 DRAIN_TIMEOUT_S = 1500.0
-"""Generous: on 2 shared cores a Spark run costs tens of seconds before it reads anything."""
+"""Generous: on 2 shared cores a Spark run costs tens of seconds (minutes under load) before it reads."""
 
 
 def produce(bootstrap: str, topic: str, count: int, seed: int) -> None:
@@ -132,14 +133,42 @@ def test_example_under_dagster_dev(kafka_bootstrap: str, work_dir: Path) -> None
             return time.monotonic() - stopped_at
 
         reowned_after = wait_for("the stopped member's shards to be re-owned", reowned, 120.0, 1.0)
-        print(f"shards of the stopped member re-owned after {reowned_after:.1f} s")
+        print(f"shards of the stopped member re-owned after {reowned_after:.1f} s", flush=True)
         state = resource.member("e2e").load()
         assert state is not None and set(state.members) == {f"{group}_member_1", f"{group}_member_2"}
         produce(kafka_bootstrap, topic, 8_000, seed=2)
         highs = wait_for("progress after the stop", lambda: committed_equals_high(resource), DRAIN_TIMEOUT_S, 5.0)
         assert sum(highs.values()) == MESSAGES + 8_000 + 2 * PARTITIONS
 
-        # 3. The daemon is killed mid-stream and started again.
+        # 3. A backfill from the CLI: listed as a Dagster backfill, re-processes, moves no offset.
+        shard = f"{topic}:0"
+        command = [str(ROOT / ".venv/bin/streamgroup"), "backfill", "--group", group, "--shard", shard]
+        cli = subprocess.run(
+            [*command, "--from", "0", "--to", "1000", "--chunk", "500", "--dagster-url", dev.url],
+            cwd=ROOT,
+            env=dev.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert cli.returncode == 0, cli.stderr + cli.stdout
+        backfill_id = cli.stdout.split()[1].rstrip(":")
+        keys = {f"{shard}:0-500", f"{shard}:500-1000"}
+
+        def backfill_done() -> list[dict[str, Any]] | None:
+            runs = [r for r in dev.runs() if r["tags"].get("dagster/backfill") == backfill_id]
+            done = len(runs) == 2 and all(r["status"] in {"SUCCESS", "FAILURE", "CANCELED"} for r in runs)
+            return runs if done else None
+
+        backfill_runs = wait_for("the CLI backfill", backfill_done, DRAIN_TIMEOUT_S, 5.0)
+        assert {r["status"] for r in backfill_runs} == {"SUCCESS"}
+        assert {r["tags"]["streamgroup/shard"] for r in backfill_runs} == {shard}
+        backfilled = [m for m in dev.materializations(ASSET) if m.get("backfill")]
+        assert {m["partition"] for m in backfilled} == keys
+        assert committed_equals_high(resource) == highs  # offsets did not move
+
+        # 4. The daemon is killed mid-stream and started again.
         stop_producing = threading.Event()
 
         def keep_producing() -> None:
@@ -161,11 +190,10 @@ def test_example_under_dagster_dev(kafka_bootstrap: str, work_dir: Path) -> None
             stop_producing.set()
             producer.join(60)
         highs = wait_for("progress after the restart", lambda: committed_equals_high(resource), DRAIN_TIMEOUT_S, 5.0)
-        interrupted = {run_id for run_id, status in before_kill.items() if status not in {"SUCCESS", "QUEUED"}}
         runs = dev.runs()
-        failed = {r["runId"] for r in runs if r["status"] != "SUCCESS"}
-        print(f"runs: {len(runs)}; interrupted by the kill: {len(interrupted)}; not successful: {failed}")
-        assert failed <= interrupted, failed - interrupted
+        failed = {r["runId"]: r["status"] for r in runs if r["status"] != "SUCCESS"}
+        print(f"runs: {len(runs)} ({len(before_kill)} before the kill); not successful: {failed}")
+        assert not failed
         assert_exactly_once(dev.materializations(ASSET), highs)
     finally:
         dev.stop()
