@@ -10,6 +10,15 @@ from typing import Protocol, runtime_checkable
 
 from dagster_streamgroup.protocol.state import GroupState
 
+
+class StoreUnavailableError(RuntimeError):
+    """The store could not be reached or used; the message names it with any password hidden."""
+
+
+class StoreConfigError(ValueError):
+    """The store URL or options are invalid; the message says which part and why."""
+
+
 StateToken = str
 """Opaque CAS version of a stored state (an integer counter, an mtime pair, ...)."""
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from dagster_streamgroup.stores.base import StateStore
+from dagster_streamgroup.stores.base import StateStore, StoreConfigError
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.stores.sql import SqlStateStore, StoreConfigError, safe_url
+from dagster_streamgroup.stores.sql import SqlStateStore, safe_url
 
 
 def _open_sql(url: str) -> StateStore:

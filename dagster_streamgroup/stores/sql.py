@@ -47,7 +47,7 @@ from sqlalchemy.schema import CreateTable
 
 from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
-from dagster_streamgroup.stores.base import StateToken
+from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
 
 DEFAULT_TABLE = "streamgroup_state"
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -55,14 +55,6 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _POSTGRES_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg"}
-
-
-class StoreUnavailableError(RuntimeError):
-    """The store could not be reached or used; the message names it with any password hidden."""
-
-
-class StoreConfigError(ValueError):
-    """The store URL or options are invalid; the message says which part and why."""
 
 
 def safe_url(url: str | URL) -> str:

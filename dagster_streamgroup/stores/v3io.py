@@ -38,8 +38,7 @@ from v3io.dataplane.response import HttpResponseError
 
 from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
-from dagster_streamgroup.stores.base import StateToken
-from dagster_streamgroup.stores.sql import StoreConfigError, StoreUnavailableError
+from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, normalise_path, parse_stream_id
 
 PART_CHARS = 60_000

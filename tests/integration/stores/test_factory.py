@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dagster_streamgroup.stores.base import StateStore
+from dagster_streamgroup.stores.base import StateStore, StoreConfigError
 from dagster_streamgroup.stores.factory import open_store
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.stores.sql import SqlStateStore, StoreConfigError
+from dagster_streamgroup.stores.sql import SqlStateStore
 
 
 def test_sqlite_url_opens_a_sql_store_and_creates_the_directory(tmp_path: Path) -> None:

@@ -17,9 +17,8 @@ from dagster_streamgroup.member import GroupMember, update_state
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.protocol.codec import ForeignStateError
 from dagster_streamgroup.protocol.state import GroupState, InFlight, ShardState
-from dagster_streamgroup.stores.base import state_key
+from dagster_streamgroup.stores.base import StoreConfigError, state_key
 from dagster_streamgroup.stores.factory import open_store
-from dagster_streamgroup.stores.sql import StoreConfigError
 from dagster_streamgroup.stores.v3io import PART_CHARS, PARTS, STATE, V3ioStateStore
 from dagster_streamgroup.streams.v3io_config import V3ioConnection
 from tests.fixtures.v3io import unique_v3io_name
