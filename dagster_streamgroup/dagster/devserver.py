@@ -108,7 +108,7 @@ class DagsterDev:
     def materializations(self, asset: str) -> list[dict[str, Any]]:
         data = self.graphql(
             """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
-                 assetMaterializations(limit: 100000) { partition runId metadataEntries { label
+                 assetMaterializations(limit: 10000) { partition runId metadataEntries { label
                    ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
                    ... on BoolMetadataEntry { boolValue } } } } } }""",
             {"k": {"path": [asset]}},
