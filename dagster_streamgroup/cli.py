@@ -49,6 +49,33 @@ def local_v3io(host: str, port: int, data: Path, access_key: str | None) -> None
     serve(host=host, port=port, data_dir=data, access_key=access_key)
 
 
+@local.command("spark-connect")
+@click.option("--port", type=int, default=15002, show_default=True)
+@click.option("--master", default="local[2]", show_default=True)
+@click.option("--driver-memory", default="2g", show_default=True)
+@click.option("--rss-limit-mb", type=int, default=4096, show_default=True, help="Restart above this; 0 turns it off.")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration.")
+def local_spark_connect(port: int, master: str, driver_memory: str, rss_limit_mb: int, confs: tuple[str, ...]) -> None:
+    """Run a local Spark Connect server (127.0.0.1) that runs attach to instead of starting a JVM each."""
+    from pydantic import ValidationError
+
+    from dagster_streamgroup.local.spark_connect import ConnectServerSettings, serve
+
+    bad = [c for c in confs if "=" not in c]
+    if bad:
+        raise click.BadParameter(f"expected KEY=VALUE, got {bad[0]!r}", param_hint="--conf")
+    try:
+        settings = ConnectServerSettings(
+            master=master,
+            driver_memory=driver_memory,
+            rss_limit_mb=rss_limit_mb or None,
+            conf=dict(c.split("=", 1) for c in confs),
+        )
+    except ValidationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    serve(port, settings)
+
+
 _definitions_option = click.option(
     "--definitions",
     "definitions_path",
