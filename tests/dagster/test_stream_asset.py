@@ -150,3 +150,27 @@ def test_a_commit_after_the_shard_moved_is_refused_naming_the_new_owner(
         assert run(asset, instance, resource, spark, moved).success
         state = resource.member("reader").load()
         assert state is not None and state.shards[shard].committed == 101
+
+
+@pytest.mark.slow
+def test_a_run_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
+    from dagster_streamgroup.local.spark_connect import running_connect_server
+
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 400)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    seen: list[tuple[str, int]] = []
+    asset = counting_asset(group, seen)
+    with running_connect_server() as server, dg.instance_for_test() as instance:
+        remote = StreamSparkResource(remote=server.remote)
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        for expected in ((0, 300), (300, 401)):
+            request = driver.requests()[f"{topic}:0"]
+            result = run(asset, instance, resource, remote, request)
+            assert result.success
+            meta = metadata_of(result)
+            start, end = expected
+            assert (meta["start"], meta["end"], meta["records"], meta["committed"]) == (start, end, end - start, end)
+        assert [rows for _, rows in seen] == [300, 101]
+        assert resource.backend().committed(group, [f"{topic}:0"]) == {f"{topic}:0": 401}
