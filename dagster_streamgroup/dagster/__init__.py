@@ -3,7 +3,12 @@
 from dagster_streamgroup.dagster.assets import CommitRefusedError, range_of, stream_asset
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.dagster.definitions import stream_definitions
-from dagster_streamgroup.dagster.resources import KafkaStreamGroup, StreamGroupConfigError, StreamGroupResource
+from dagster_streamgroup.dagster.resources import (
+    KafkaStreamGroup,
+    StreamGroupConfigError,
+    StreamGroupResource,
+    V3ioStreamGroup,
+)
 from dagster_streamgroup.dagster.sensors import member_sensor_names, member_sensors
 from dagster_streamgroup.dagster.spark_session import StreamSparkResource, prepare_spark_environment
 
@@ -15,6 +20,7 @@ __all__ = [
     "StreamGroupConfigError",
     "StreamGroupResource",
     "StreamSparkResource",
+    "V3ioStreamGroup",
     "member_sensor_names",
     "member_sensors",
     "prepare_spark_environment",

@@ -24,6 +24,7 @@ from dagster_streamgroup.stores.base import StateStore, state_key
 from dagster_streamgroup.stores.factory import open_store
 from dagster_streamgroup.streams.base import StreamBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
+from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamConfig, check_group
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,7 +79,8 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         default=None,
         repr=False,
         description="Where the group state lives: sqlite:///PATH (default: $DAGSTER_HOME/streamgroup-state.db), "
-        "postgresql://USER:PASSWORD@HOST/DB for members on many hosts. Use EnvVar when it holds a password.",
+        "postgresql://USER:PASSWORD@HOST/DB for members on many hosts (use EnvVar when it holds a password), "
+        "or, for a v3io stream, 'v3io': a KV item next to the stream.",
     )
     heartbeat_interval_s: float = Field(default=5.0, description="Seconds between member ticks (the sensor interval).")
     session_timeout_s: float = Field(default=20.0, description="A member silent this long is evicted.")
@@ -198,3 +200,79 @@ class KafkaStreamGroup(StreamGroupResource):
         from dagster_streamgroup.dagster.spark_read import read_kafka_range
 
         return read_kafka_range(spark, self.stream_config(), shard, start, end, self.spark_split_records)
+
+
+_V3IO_FIELDS = tuple(V3ioStreamConfig.model_fields)
+STORE_NEXT_TO_STREAM = "v3io"
+"""``store_url="v3io"``: keep the group state as a KV item next to the stream, on the stream's own connection."""
+
+
+class V3ioStreamGroup(StreamGroupResource):
+    """A consumer group over an Iguazio v3io stream; each stream shard is a shard (``"0"``, ``"1"``, ...).
+
+    Offsets are v3io sequence numbers; the group's progress is mirrored into each shard's
+    ``__<group>_committed_sequence_number`` attribute (last processed), as v3io-go consumers keep it."""
+
+    endpoint: str = Field(description="The v3io web-API endpoint, e.g. http://v3io-webapi:8081.")
+    container: str = Field(description="The container that holds the stream.")
+    stream_path: str = Field(description="The stream's path inside the container.")
+    access_key: str | None = Field(
+        default=None, repr=False, description="Use EnvVar; default: the V3IO_ACCESS_KEY environment variable."
+    )
+    access_key_file: str | None = Field(default=None, description="A mounted file holding the access key.")
+    records_per_request: int = Field(default=1000, description="GetRecords limit per request.")
+
+    @model_validator(mode="after")
+    def _check_v3io_fields(self) -> V3ioStreamGroup:
+        try:
+            check_group(self.group)
+        except ValueError as exc:
+            raise StreamGroupConfigError(str(exc)) from None
+        deferred = [n for n in _V3IO_FIELDS if n != "access_key" and isinstance(getattr(self, n), dg.EnvVar)]
+        if not deferred:
+            self.stream_config()
+        return self
+
+    def stream_config(self) -> V3ioStreamConfig:
+        values: dict[str, Any] = {}
+        for name in _V3IO_FIELDS:
+            value = getattr(self, name, None)
+            if isinstance(value, dg.EnvVar):  # resolved when the resource is initialised in a tick or run
+                value = "unresolved-env-var"
+            if value is not None:
+                values[name] = value
+        try:
+            return V3ioStreamConfig(**values)
+        except ValidationError as exc:
+            raise StreamGroupConfigError(describe_validation_error("v3io", exc)) from None
+
+    def _cache_key(self, config: V3ioStreamConfig) -> str:
+        key = config.access_key.get_secret_value() if config.access_key is not None else ""
+        return config.model_dump_json() + hashlib.sha256(key.encode()).hexdigest()
+
+    def backend(self) -> StreamBackend:
+        from dagster_streamgroup.streams.v3io import V3ioBackend
+
+        config = self.stream_config()
+        return _cached(_backends, self._cache_key(config), lambda: V3ioBackend(config))
+
+    def store(self) -> StateStore:
+        if self.resolved_store_url() != STORE_NEXT_TO_STREAM:
+            return super().store()
+        from dagster_streamgroup.stores.v3io import V3ioStateStore
+
+        config = self.stream_config()
+        connection = V3ioConnection(
+            endpoint=config.endpoint,
+            container=config.container,
+            access_key=config.access_key,
+            access_key_file=config.access_key_file,
+        )
+        return _cached(_stores, "v3io-state:" + self._cache_key(config), lambda: V3ioStateStore(connection))
+
+    def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
+        from dagster_streamgroup.spark.v3io_source import read_v3io_ranges
+
+        return read_v3io_ranges(
+            spark, self.stream_config(), {shard: (start, end)}, max_records_per_partition=self.spark_split_records
+        )
