@@ -1,7 +1,30 @@
-"""Fixtures of real peers (PostgreSQL, the local broker, the local v3io server) live in tests/fixtures/."""
+"""Fixtures of real peers (PostgreSQL, the local broker, the local v3io server) live in tests/fixtures/.
+
+End-to-end tests (marker ``e2e``) run a real ``dagster dev`` over hundreds of thousands of records; on a
+2-core machine they take tens of minutes, so they run when asked: ``STREAMGROUP_E2E=1 bash scripts/test.sh``
+(add ``-m e2e`` for them alone)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
 
 pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.kafka",
     "tests.fixtures.v3io",
 ]
+
+E2E_ENV = "STREAMGROUP_E2E"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(E2E_ENV) == "1":
+        return
+    skip = pytest.mark.skip(
+        reason=f"end-to-end test with a real dagster dev (tens of minutes on 2 cores): run with {E2E_ENV}=1"
+    )
+    for item in items:
+        if "e2e" in item.keywords:
+            item.add_marker(skip)
