@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         create_topics(broker.bootstrap, {topic: args.partitions})
         bulk, trailer = producers({"bootstrap.servers": broker.bootstrap})
         produce_burst(bulk, trailer, topic, args.partitions, args.records, random.Random(7))
+        del bulk, trailer  # flushed; not left to outlive the broker
         backend = KafkaStreamGroup(group="bench", bootstrap_servers=broker.bootstrap, topics=[topic]).backend()
         highs = {s: m.high for s, m in backend.watermarks(backend.shards()).items()}
         raw_s, records = raw_consumer_seconds(broker.bootstrap, topic, highs)

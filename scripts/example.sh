@@ -29,17 +29,12 @@ pids=()
 stop_all() {
   trap - INT TERM EXIT
   echo "example: stopping (${pids[*]:-nothing})"
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do  # dagster dev first, the broker last
-    kill -INT -- "-${pids[i]}" 2>/dev/null || true
-    sleep 0.5
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do  # the reverse of the start order: dagster dev first, broker last
+    pid=${pids[i]}
+    kill -INT -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 75); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
   done
-  for _ in $(seq 50); do
-    alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ "$alive" = 0 ] && break
-    sleep 0.2
-  done
-  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
 }
 trap stop_all INT TERM EXIT
 
