@@ -253,7 +253,9 @@ class Simulation:
         def transition(state: GroupState, now: float) -> tuple[GroupState, list[Launch]]:
             started = time.thread_time()
             for launch in vanished:
-                state, _ = protocol.fail(state, _report(launch), "run ended without reporting", now, self.cfg.policy)
+                state, _ = protocol.fail(
+                    state, protocol.report_of(launch), "run ended without reporting", now, self.cfg.policy
+                )
             state = protocol.membership_step(state, member.member_id, now, self.cfg.policy)
             wanted = protocol.owned_idle_shards(state, member.member_id)
             marks = {sid: self.watermark(sid, self.now) for sid in wanted}
@@ -293,7 +295,7 @@ class Simulation:
             self.at(ends, lambda: self._finish(run))
 
     def _finish(self, run: _Run) -> None:
-        report = _report(run.launch)
+        report = protocol.report_of(run.launch)
         if run.launch.start < self.watermark(run.launch.shard, self.now).low:
             run.outcome = "fail"
         if run.outcome == "fail":
@@ -447,17 +449,6 @@ class Simulation:
             for s in self.crash_shards
         ):
             self.failover_at = self.now
-
-
-def _report(launch: Launch) -> RangeReport:
-    return RangeReport(
-        shard=launch.shard,
-        member_id=launch.member_id,
-        epoch=launch.epoch,
-        start=launch.start,
-        end=launch.end,
-        run_key=launch.run_key,
-    )
 
 
 def random_scenario(seed: int) -> SimConfig:

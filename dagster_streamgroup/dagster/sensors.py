@@ -24,7 +24,7 @@ from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
-from dagster_streamgroup.protocol import EventKind, GroupState, Launch, RangeReport
+from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 
 ENDED_UNREPORTED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 LAG_REPORT_INTERVAL_S = 30.0
@@ -210,15 +210,9 @@ def _settle_ended_runs(
         launch = by_key.get(run.tags.get("dagster/run_key", ""))
         if launch is None:
             continue
-        report = RangeReport(
-            shard=launch.shard,
-            member_id=launch.member_id,
-            epoch=launch.epoch,
-            start=launch.start,
-            end=launch.end,
-            run_key=launch.run_key,
+        outcome = member.fail(
+            protocol.report_of(launch), f"run {run.run_id} ended {run.status.value} without reporting"
         )
-        outcome = member.fail(report, f"run {run.run_id} ended {run.status.value} without reporting")
         if outcome != protocol.FailOutcome.IGNORED:
             what = f"{launch.shard} [{launch.start}, {launch.end})"
             notes.append(f"run {run.run_id} of {what} {run.status.value}: {outcome.value}")
@@ -306,10 +300,7 @@ def _summary(report: TickReport, notes: list[str], seconds: float) -> str:
     if lag:
         parts.append(f"lag {sum(lag.values())} records ({', '.join(f'{s}={n}' for s, n in sorted(lag.items()))})")
     if report.inflight:
-        parts.append(
-            "in flight: "
-            + ", ".join(f"{x.shard} [{x.start}, {x.end}) a{x.attempt}" for x in report.inflight)
-        )
+        parts.append("in flight: " + ", ".join(f"{x.shard} [{x.start}, {x.end}) a{x.attempt}" for x in report.inflight))
     parked = [(sid, s.parked) for sid, s in state.shards.items() if s.parked is not None]
     if parked:
         parts.append(

@@ -15,6 +15,7 @@ from dagster_streamgroup.protocol.completion import (
     Refusal,
     commit,
     fail,
+    report_of,
     unpark,
 )
 from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat, leave
@@ -75,6 +76,7 @@ __all__ = [
     "plan",
     "quotas",
     "rebalance",
+    "report_of",
     "run_key",
     "sync_shards",
     "unpark",

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from dagster_streamgroup.protocol.membership import add_events
+from dagster_streamgroup.protocol.planning import Launch
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import EventKind, GroupEvent, GroupState, Parked, ShardState, evolve
 
@@ -27,6 +28,18 @@ class RangeReport(BaseModel):
     start: int
     end: int
     run_key: str
+
+
+def report_of(launch: Launch) -> RangeReport:
+    """What the run of ``launch`` presents when it ends."""
+    return RangeReport(
+        shard=launch.shard,
+        member_id=launch.member_id,
+        epoch=launch.epoch,
+        start=launch.start,
+        end=launch.end,
+        run_key=launch.run_key,
+    )
 
 
 class Refusal(StrEnum):

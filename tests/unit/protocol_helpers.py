@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.protocol import GroupPolicy, GroupState, Launch, RangeReport, Watermark
+from dagster_streamgroup.protocol import GroupPolicy, GroupState, Watermark
 
 POLICY = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, drain_timeout_s=60, max_records_per_run=100)
 
@@ -20,15 +20,7 @@ def marks(state: GroupState, low: int = 0, high: int = 1000) -> dict[str, Waterm
     return {sid: Watermark(low=low, high=high) for sid in state.shards}
 
 
-def report(launch: Launch) -> RangeReport:
-    return RangeReport(
-        shard=launch.shard,
-        member_id=launch.member_id,
-        epoch=launch.epoch,
-        start=launch.start,
-        end=launch.end,
-        run_key=launch.run_key,
-    )
+report = protocol.report_of
 
 
 def owned(state: GroupState, member: str) -> list[str]:
