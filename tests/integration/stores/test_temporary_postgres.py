@@ -28,17 +28,18 @@ def _uid(pid: int) -> int:
 
 def test_server_listens_on_loopback_and_runs_as_a_non_root_user(postgres_url: str) -> None:
     assert make_url(postgres_url).host == "127.0.0.1"
-    with _connect(postgres_url) as conn:
+    with _connect(postgres_url) as conn:  # the backend process lives as long as its connection
         row = conn.execute("SELECT current_setting('listen_addresses'), pg_backend_pid()").fetchone()
-    assert row is not None
-    listen, backend_pid = row
-    assert listen == "127.0.0.1"
-    assert isinstance(backend_pid, int)
-    assert _uid(backend_pid) != 0
+        assert row is not None
+        listen, backend_pid = row
+        assert listen == "127.0.0.1"
+        assert isinstance(backend_pid, int)
+        backend_uid = _uid(backend_pid)
+    assert backend_uid != 0
     if os.geteuid() == 0:
         import pwd
 
-        assert _uid(backend_pid) == pwd.getpwnam("postgres").pw_uid
+        assert backend_uid == pwd.getpwnam("postgres").pw_uid
 
 
 def test_exit_stops_the_server_and_removes_its_directory(postgres_url: str) -> None:
