@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import dagster as dg
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 T = TypeVar("T")
+C = TypeVar("C", bound=BaseModel)
 
 STORE_FILE = "streamgroup-state.db"
 _POLICY_FIELDS = tuple(GroupPolicy.model_fields)
@@ -130,6 +131,20 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     def backend(self) -> StreamBackend:
         raise NotImplementedError
 
+    def _connection_config(self, model: type[C], label: str) -> C:
+        """The stream's connection model built from this resource's fields of the same names."""
+        values: dict[str, Any] = {}
+        for name in model.model_fields:
+            value = getattr(self, name, None)
+            if isinstance(value, dg.EnvVar):  # resolved when the resource is initialised in a tick or run
+                value = "unresolved-env-var"
+            if value is not None:
+                values[name] = value
+        try:
+            return model(**values)
+        except ValidationError as exc:
+            raise StreamGroupConfigError(describe_validation_error(label, exc)) from None
+
     def member(self, member_id: str) -> GroupMember:
         return GroupMember(self.store(), self.backend(), self.group, member_id, self.policy())
 
@@ -178,17 +193,7 @@ class KafkaStreamGroup(StreamGroupResource):
         return self
 
     def stream_config(self) -> KafkaStreamConfig:
-        values: dict[str, Any] = {}
-        for name in _KAFKA_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, dg.EnvVar):  # resolved when the resource is initialised in a tick or run
-                value = "unresolved-env-var"
-            if value is not None:
-                values[name] = value
-        try:
-            return KafkaStreamConfig(**values)
-        except ValidationError as exc:
-            raise StreamGroupConfigError(describe_validation_error("kafka", exc)) from None
+        return self._connection_config(KafkaStreamConfig, "kafka")
 
     def backend(self) -> StreamBackend:
         from dagster_streamgroup.streams.kafka import KafkaBackend
@@ -234,17 +239,7 @@ class V3ioStreamGroup(StreamGroupResource):
         return self
 
     def stream_config(self) -> V3ioStreamConfig:
-        values: dict[str, Any] = {}
-        for name in _V3IO_FIELDS:
-            value = getattr(self, name, None)
-            if isinstance(value, dg.EnvVar):  # resolved when the resource is initialised in a tick or run
-                value = "unresolved-env-var"
-            if value is not None:
-                values[name] = value
-        try:
-            return V3ioStreamConfig(**values)
-        except ValidationError as exc:
-            raise StreamGroupConfigError(describe_validation_error("v3io", exc)) from None
+        return self._connection_config(V3ioStreamConfig, "v3io")
 
     def _cache_key(self, config: V3ioStreamConfig) -> str:
         key = config.access_key.get_secret_value() if config.access_key is not None else ""
