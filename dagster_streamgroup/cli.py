@@ -153,9 +153,7 @@ def status(group: str, definitions_path: Path, n_events: int) -> None:
             events.add_column(column)
         for event in state.events[-n_events:]:
             span = f"[{event.start}, {event.end})" if event.start is not None else ""
-            events.add_row(
-                _when(event.at), event.kind.value, event.shard or event.member_id or "", span, event.detail
-            )
+            events.add_row(_when(event.at), event.kind.value, event.shard or event.member_id or "", span, event.detail)
         console.print(events)
 
 

@@ -51,7 +51,9 @@ class StreamSparkResource(LazyPySparkResource):
     def effective_config(self) -> dict[str, Any]:
         if self.remote is not None:
             return {**self.spark_config, "spark.remote": self.remote}
-        return {**LOCAL_DEFAULTS, "spark.master": self.master, **self.spark_config}
+        from dagster_streamgroup.spark.session import with_arrow_java_options
+
+        return with_arrow_java_options({**LOCAL_DEFAULTS, "spark.master": self.master, **self.spark_config})
 
     def _init_session(self) -> None:
         if self._spark_session is None:

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from dagster_streamgroup.spark.session import with_arrow_java_options
+
 PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 HOST = "127.0.0.1"
 
@@ -31,8 +33,8 @@ HOST = "127.0.0.1"
 def spark_conf(
     port: int, *, master: str, driver_memory: str, isolate_sessions: bool, local_dir: str | None, extra: dict[str, str]
 ) -> dict[str, str]:
-    """The driver configuration: loopback only, no UI, the Connect plugin, and the isolation choice above.
-    ``extra`` is passed through untouched and wins over these defaults."""
+    """The driver configuration: loopback only, no UI, the Connect plugin, the isolation choice above, and
+    Arrow Java's unchecked reads (``with_arrow_java_options``). ``extra`` wins over these defaults."""
     conf = {
         "spark.master": master,
         "spark.app.name": "streamgroup-spark-connect",
@@ -49,7 +51,7 @@ def spark_conf(
     if local_dir:
         conf["spark.local.dir"] = local_dir
     conf.update(extra)
-    return conf
+    return with_arrow_java_options(conf)
 
 
 def _parse_conf(items: Sequence[str]) -> dict[str, str]:

@@ -74,9 +74,7 @@ class KafkaRangeReader(RangeReader):
         for r in ranges:
             topic, partition = parse_shard(r.shard)
             parts.append(PartitionRange(topic, partition, r.start, r.end))
-        return read_ranges(
-            self.client_config, parts, batch_size=self.batch_size, stall_timeout_s=self.stall_timeout_s
-        )
+        return read_ranges(self.client_config, parts, batch_size=self.batch_size, stall_timeout_s=self.stall_timeout_s)
 
 
 class KafkaRangeDataSource(DataSource):

@@ -21,6 +21,20 @@ LOCAL_CONF: dict[str, str] = {
 }
 
 
+ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
+"""Our sources hand Spark Arrow batches, which its JVM copies value by value into rows. Arrow Java checks bounds,
+reference counts and nulls on every such read unless told not to (its documented throughput switches): those
+checks were about a sixth of the JVM's CPU in a profile (JFR) of a range read."""
+
+
+def with_arrow_java_options(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with ``ARROW_JAVA_OPTIONS`` ahead of any ``spark.driver.extraJavaOptions`` of the caller (a later
+    ``-D`` of the same property wins, so the caller keeps the last word)."""
+    key = "spark.driver.extraJavaOptions"
+    own = conf.get(key, "").strip()
+    return {**conf, key: f"{ARROW_JAVA_OPTIONS} {own}".strip()}
+
+
 def prepare_environment() -> None:
     """Point Spark's Python workers at this interpreter and keep Spark on 127.0.0.1 (unless already set)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -34,7 +48,7 @@ def local_spark_session(
     """Build (or get) a local session with the data sources of this package registered."""
     prepare_environment()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**LOCAL_CONF, **(conf or {})}.items():
+    for key, value in with_arrow_java_options({**LOCAL_CONF, **(conf or {})}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     from dagster_streamgroup.spark.kafka_source import register

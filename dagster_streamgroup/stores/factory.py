@@ -51,9 +51,7 @@ def open_store(url: str, *, field: str = "store_url") -> StateStore:
     opener = _OPENERS.get(scheme.lower()) if sep else None
     if opener is None:
         shown = safe_url(url) if sep else repr(url)
-        raise StoreConfigError(
-            f"{field}: {shown} is not a state store URL; supported: {'; '.join(SUPPORTED)}"
-        )
+        raise StoreConfigError(f"{field}: {shown} is not a state store URL; supported: {'; '.join(SUPPORTED)}")
     try:
         return opener(url)
     except StoreConfigError as exc:

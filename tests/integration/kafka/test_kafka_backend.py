@@ -109,6 +109,8 @@ def test_transaction_markers_do_not_stall_a_range(kafka_bootstrap: str, kafka_to
     assert table.column("value").to_pylist() == [f"t{t}-{i}".encode() for t in range(3) for i in range(4)]
     offsets = table.column("offset").to_pylist()
     assert len(set(offsets)) == 12 and offsets == sorted(offsets)
+    # the real offsets, gaps included: a batch whose first and last offsets are not len - 1 apart is not a run
+    assert offsets[3] + 1 < offsets[4] and offsets[7] + 1 < offsets[8], offsets
     # a range that ends right after the first transaction's records, on its marker
     first = _table(backend.read_range(f"{topic}:0", 0, offsets[4]))
     assert first.column("value").to_pylist() == [f"t0-{i}".encode() for i in range(4)]
