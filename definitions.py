@@ -1,27 +1,46 @@
 """The example project: a clickstream consumed by three member sensors, aggregated with PySpark.
 
-Start it with ``bash scripts/example.sh``; settings come from the environment (jobs/settings.py).
+Start it with ``bash scripts/example.sh`` (``STREAM=v3io`` for the v3io stream); settings come from the
+environment (jobs/settings.py). Only the group resource differs between the streams: the asset and the
+sensors reach the stream through it.
 """
 
 import dagster as dg
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, StreamSparkResource, V3ioStreamGroup
 from jobs import settings
 from jobs.clickstream import page_views_per_minute
 from sensors.clickstream import clickstream_members
+
+
+def streamgroup_resource() -> StreamGroupResource:
+    if settings.STREAM == "v3io":
+        return V3ioStreamGroup(
+            group=settings.GROUP,
+            endpoint=settings.V3IO_API,
+            container=settings.V3IO_CONTAINER,
+            stream_path=settings.V3IO_STREAM_PATH,
+            access_key=dg.EnvVar(settings.V3IO_ACCESS_KEY_ENV),
+            store_url=settings.V3IO_STORE_URL,
+            heartbeat_interval_s=settings.HEARTBEAT_S,
+            session_timeout_s=settings.SESSION_TIMEOUT_S,
+            max_records_per_run=settings.MAX_RECORDS_PER_RUN,
+        )
+    return KafkaStreamGroup(
+        group=settings.GROUP,
+        bootstrap_servers=settings.BOOTSTRAP,
+        topics=[settings.TOPIC],
+        heartbeat_interval_s=settings.HEARTBEAT_S,
+        session_timeout_s=settings.SESSION_TIMEOUT_S,
+        max_records_per_run=settings.MAX_RECORDS_PER_RUN,
+    )
+
 
 defs = dg.Definitions(
     assets=[page_views_per_minute],
     sensors=clickstream_members,
     resources={
-        "streamgroup": KafkaStreamGroup(
-            group=settings.GROUP,
-            bootstrap_servers=settings.BOOTSTRAP,
-            topics=[settings.TOPIC],
-            heartbeat_interval_s=settings.HEARTBEAT_S,
-            session_timeout_s=settings.SESSION_TIMEOUT_S,
-            max_records_per_run=settings.MAX_RECORDS_PER_RUN,
-        ),
+        "streamgroup": streamgroup_resource(),
         "pyspark": StreamSparkResource(master=settings.SPARK_MASTER, remote=settings.SPARK_REMOTE),
     },
     executor=dg.in_process_executor,

@@ -1,25 +1,39 @@
 """Sample clickstream: JSON page views keyed by user, produced continuously (``python -m jobs.clickstream_events``).
 
-After every burst each partition gets one single-record batch, so the local broker's high watermark (which
-ignores the records of a partition's last batch) counts every record produced; on Kafka it changes nothing.
+Kafka: after every burst each partition gets one single-record batch, so the local broker's high watermark
+(which ignores the records of a partition's last batch) counts every record produced; on Kafka it changes
+nothing. v3io: each user's events go to the shard its key hashes to (CRC-32), chosen here rather than by the
+platform, so which records a shard holds depends only on the seed, whatever server routes them.
+
+``--stream v3io`` reads the access key from ``V3IO_ACCESS_KEY`` only: a key on the command line would show in
+process listings.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import time
-from collections.abc import Mapping
+import zlib
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import v3io.dataplane
 from confluent_kafka import Producer
 
 from dagster_streamgroup.local.kafka_data import BULK_PRODUCER, SINGLE_RECORD_BATCHES, create_topics
 from dagster_streamgroup.streams.kafka_config import PropertyValue
+from dagster_streamgroup.streams.v3io_config import ACCESS_KEY_ENV, normalise_endpoint
 
 PAGES = ["/", "/search", "/product", "/cart", "/checkout", "/help", "/account", "/blog"]
 REFERRERS = ["direct", "search", "social", "email"]
+V3IO_PUT_BATCH = 1000
+"""The most records one PutRecords request may carry."""
+_NEVER = v3io.dataplane.RaiseForStatus.never
 
 
 def event(rng: random.Random, now_ms: int) -> tuple[bytes, bytes]:
@@ -58,19 +72,113 @@ def producers(client: Mapping[str, PropertyValue]) -> tuple[Producer, Producer]:
     return Producer({**BULK_PRODUCER, **client}), Producer({**SINGLE_RECORD_BATCHES, **client})
 
 
+class V3ioProduceError(RuntimeError):
+    """The v3io server refused a request of the producer (the message carries its status and error)."""
+
+
+def _v3io_failure(what: str, response: Any) -> V3ioProduceError:
+    body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else str(response.body)
+    return V3ioProduceError(f"{what}: status {response.status_code}: {body[:300]}")
+
+
+def v3io_client(endpoint: str, access_key: str | None = None) -> Any:
+    """A ``v3io`` client; the key defaults to ``$V3IO_ACCESS_KEY`` (errors name the variable, never the key)."""
+    key = (access_key or os.environ.get(ACCESS_KEY_ENV, "")).strip()
+    if not key:
+        raise ValueError(f"no v3io access key: set ${ACCESS_KEY_ENV}")
+    return v3io.dataplane.Client(endpoint=normalise_endpoint(endpoint), access_key=key)
+
+
+def ensure_v3io_stream(client: Any, container: str, stream_path: str, shards: int, *, timeout_s: float = 30.0) -> int:
+    """Create the stream with ``shards`` shards unless it exists; its shard count (an existing stream keeps its own).
+
+    Connection errors are retried until ``timeout_s``, so a server still starting is waited for."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            created = client.stream.create(container, stream_path, shard_count=shards, raise_for_status=_NEVER)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    if created.status_code not in (200, 204, 409):
+        raise _v3io_failure(f"creating stream {container}/{stream_path}", created)
+    described = client.stream.describe(container, stream_path, raise_for_status=_NEVER)
+    if described.status_code != 200:
+        raise _v3io_failure(f"describing stream {container}/{stream_path}", described)
+    return int(described.output.shard_count)
+
+
+def shard_of(key: bytes, shards: int) -> int:
+    """The shard of a user's events: fixed by the key, so each user's clicks stay in order on one shard."""
+    return zlib.crc32(key) % shards
+
+
+def produce_v3io_burst(
+    client: Any, container: str, stream_path: str, shards: int, count: int, rng: random.Random
+) -> dict[str, int]:
+    """``count`` events, each on the shard of its user; the records written per shard id (``"0"``, ...).
+
+    A record the server refuses stops the burst with its error: retrying it alone would put it after later
+    records of the same user."""
+    now_ms = int(time.time() * 1000)
+    written: Counter[str] = Counter()
+    for first in range(0, count, V3IO_PUT_BATCH):
+        records = []
+        for _ in range(min(V3IO_PUT_BATCH, count - first)):
+            key, value = event(rng, now_ms)
+            records.append({"shard_id": shard_of(key, shards), "partition_key": key.decode(), "data": value})
+        response = client.stream.put_records(container, stream_path, records, raise_for_status=_NEVER)
+        what = f"putting records to {container}/{stream_path}"
+        if response.status_code != 200:
+            raise _v3io_failure(what, response)
+        out = response.output
+        if out.failed_record_count:
+            error = next(r for r in out.records if r.error_code is not None)
+            raise V3ioProduceError(f"{what}: {out.failed_record_count} refused, first: {error.error_message}")
+        written.update(str(r.shard_id) for r in out.records)
+    return dict(written)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--topic", default="clicks")
-    parser.add_argument("--partitions", type=int, default=8)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stream", choices=["kafka", "v3io"], default="kafka")
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="kafka: bootstrap servers")
+    parser.add_argument("--topic", default="clicks", help="kafka: the topic")
+    parser.add_argument("--v3io-api", default="http://127.0.0.1:8081", help="v3io: the web API endpoint")
+    parser.add_argument("--container", default="bigdata", help="v3io: the container")
+    parser.add_argument("--stream-path", default="clicks", help="v3io: the stream's path in the container")
+    parser.add_argument("--partitions", type=int, default=8, help="partitions (kafka) or shards (v3io) to create")
     parser.add_argument("--rate", type=int, default=500, help="events per second")
     parser.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
     args = parser.parse_args()
     if args.rate < 1 or args.partitions < 1:
         parser.error("--rate and --partitions must be >= 1")
-    client: dict[str, PropertyValue] = {"bootstrap.servers": args.bootstrap}
-    create_topics(client, {args.topic: args.partitions}, exist_ok=True)
-    bulk, trailer = producers(client)
+    burst: Callable[[random.Random], int]
+    if args.stream == "kafka":
+        client: dict[str, PropertyValue] = {"bootstrap.servers": args.bootstrap}
+        create_topics(client, {args.topic: args.partitions}, exist_ok=True)
+        bulk, trailer = producers(client)
+        target = f"{args.topic} on {args.bootstrap}"
+
+        def burst(rng: random.Random) -> int:
+            produce_burst(bulk, trailer, args.topic, args.partitions, args.rate, rng)
+            return int(args.rate + args.partitions)
+
+    else:
+        if not os.environ.get(ACCESS_KEY_ENV, "").strip():
+            parser.error(f"--stream v3io reads the access key from ${ACCESS_KEY_ENV}, which is not set")
+        try:
+            v3io_api = v3io_client(args.v3io_api)
+        except ValueError as exc:
+            parser.error(f"--v3io-api: {exc}")
+        shards = ensure_v3io_stream(v3io_api, args.container, args.stream_path, args.partitions)
+        target = f"{args.container}/{args.stream_path} ({shards} shards) on {args.v3io_api}"
+
+        def burst(rng: random.Random) -> int:
+            return sum(produce_v3io_burst(v3io_api, args.container, args.stream_path, shards, args.rate, rng).values())
+
     rng = random.Random()
     stop = False
 
@@ -82,11 +190,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, on_signal)
     started = time.monotonic()
     total = 0
-    print(f"producing ~{args.rate} clickstream events/s to {args.topic} on {args.bootstrap}", flush=True)
+    print(f"producing ~{args.rate} clickstream events/s to {target}", flush=True)
     while not stop and (args.seconds <= 0 or time.monotonic() - started < args.seconds):
         tick = time.monotonic()
-        produce_burst(bulk, trailer, args.topic, args.partitions, args.rate, rng)
-        total += args.rate + args.partitions
+        total += burst(rng)
         time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
     print(f"produced {total} events", flush=True)
 

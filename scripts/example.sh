@@ -3,9 +3,15 @@
 # clickstream events, and `dagster dev` on 127.0.0.1 with three member sensors running. Ctrl-C stops
 # everything this script started, by PID. The broker keeps its data in memory, so every start begins with a
 # fresh Dagster instance and group state (./dagster_home).
-#   PORT=3000 RATE=300 SPARK=connect bash scripts/example.sh
+#   PORT=3000 RATE=300 SPARK=connect STREAM=kafka bash scripts/example.sh
 # SPARK=connect (default) also starts the local Spark Connect server, which runs attach to instead of each
 # starting a JVM; SPARK=local gives every run its own local[2] session.
+# STREAM=v3io runs the same example on a v3io stream of 8 shards (CLICKSTREAM_PARTITIONS) instead: the local
+# v3io-compatible server (data in ./dagster_home/v3io-data, so it too starts empty) requires an access key
+# generated for this start, handed to every process in V3IO_ACCESS_KEY only; the group state is a KV item
+# next to the stream. The key is also left in ./dagster_home/v3io-access-key (mode 600) for the CLI:
+#   V3IO_ACCESS_KEY=$(cat dagster_home/v3io-access-key) CLICKSTREAM_STREAM=v3io CLICKSTREAM_V3IO_API=... \
+#     .venv/bin/streamgroup status --group clickstream
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -14,8 +20,11 @@ PORT=${PORT:-3000}
 RATE=${RATE:-300}
 SPARK=${SPARK:-connect}
 case "$SPARK" in connect|local) ;; *) echo "example: SPARK must be connect or local, got '$SPARK'" >&2; exit 2 ;; esac
+STREAM=${STREAM:-kafka}
+case "$STREAM" in kafka|v3io) ;; *) echo "example: STREAM must be kafka or v3io, got '$STREAM'" >&2; exit 2 ;; esac
 KAFKA_PORT=${KAFKA_PORT:-$(.venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import free_port; print(free_port())')}
 export DAGSTER_HOME="$PWD/dagster_home"
+export CLICKSTREAM_STREAM="$STREAM"
 export CLICKSTREAM_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 export CLICKSTREAM_OUTPUT="${CLICKSTREAM_OUTPUT:-$PWD/output/clickstream}"
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1
@@ -38,14 +47,46 @@ stop_all() {
 }
 trap stop_all INT TERM EXIT
 
-.venv/bin/streamgroup local kafka --port "$KAFKA_PORT" &
-pids+=($!)
-.venv/bin/python - <<PY
+if [ "$STREAM" = kafka ]; then
+  .venv/bin/streamgroup local kafka --port "$KAFKA_PORT" &
+  pids+=($!)
+  .venv/bin/python - <<PY
 from dagster_streamgroup.local.kafka_broker import wait_until_answering
 wait_until_answering("$CLICKSTREAM_BOOTSTRAP", timeout_s=30)
 PY
-.venv/bin/python -m jobs.clickstream_events --bootstrap "$CLICKSTREAM_BOOTSTRAP" --rate "$RATE" &
-pids+=($!)
+  .venv/bin/python -m jobs.clickstream_events --bootstrap "$CLICKSTREAM_BOOTSTRAP" --rate "$RATE" &
+  pids+=($!)
+else
+  V3IO_PORT=${V3IO_PORT:-$(.venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import free_port; print(free_port())')}
+  export CLICKSTREAM_V3IO_API="http://127.0.0.1:$V3IO_PORT"
+  export CLICKSTREAM_V3IO_CONTAINER="${CLICKSTREAM_V3IO_CONTAINER:-bigdata}"
+  export CLICKSTREAM_V3IO_STREAM_PATH="${CLICKSTREAM_V3IO_STREAM_PATH:-clicks}"
+  export CLICKSTREAM_PARTITIONS="${CLICKSTREAM_PARTITIONS:-8}"
+  V3IO_ACCESS_KEY=$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')
+  export V3IO_ACCESS_KEY
+  (umask 077 && printf '%s\n' "$V3IO_ACCESS_KEY" >"$DAGSTER_HOME/v3io-access-key")
+  STREAMGROUP_V3IO_ACCESS_KEY="$V3IO_ACCESS_KEY" .venv/bin/streamgroup local v3io --host 127.0.0.1 \
+    --port "$V3IO_PORT" --data "$DAGSTER_HOME/v3io-data" &
+  pids+=($!)
+  .venv/bin/python - <<PY
+import time
+from dagster_streamgroup.local.spark_connect import port_answers
+from jobs.clickstream_events import ensure_v3io_stream, v3io_client
+deadline = time.monotonic() + 30
+while not port_answers($V3IO_PORT):
+    if time.monotonic() > deadline:
+        raise SystemExit("example: the v3io server did not answer within 30 s")
+    time.sleep(0.2)
+client = v3io_client("$CLICKSTREAM_V3IO_API")  # the key comes from V3IO_ACCESS_KEY
+path = "$CLICKSTREAM_V3IO_STREAM_PATH"
+shards = ensure_v3io_stream(client, "$CLICKSTREAM_V3IO_CONTAINER", path, $CLICKSTREAM_PARTITIONS)
+print(f"example: v3io stream $CLICKSTREAM_V3IO_CONTAINER/{path} with {shards} shards")
+PY
+  .venv/bin/python -m jobs.clickstream_events --stream v3io --v3io-api "$CLICKSTREAM_V3IO_API" \
+    --container "$CLICKSTREAM_V3IO_CONTAINER" --stream-path "$CLICKSTREAM_V3IO_STREAM_PATH" \
+    --partitions "$CLICKSTREAM_PARTITIONS" --rate "$RATE" &
+  pids+=($!)
+fi
 if [ "$SPARK" = connect ]; then
   SPARK_PORT=$(.venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import free_port; print(free_port())')
   .venv/bin/streamgroup local spark-connect --port "$SPARK_PORT" &
@@ -63,5 +104,9 @@ PY
 fi
 .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT" &
 pids+=($!)
-echo "example: Dagster UI on http://127.0.0.1:$PORT (broker $CLICKSTREAM_BOOTSTRAP); Ctrl-C stops everything"
+if [ "$STREAM" = kafka ]; then
+  echo "example: Dagster UI on http://127.0.0.1:$PORT (broker $CLICKSTREAM_BOOTSTRAP); Ctrl-C stops everything"
+else
+  echo "example: Dagster UI on http://127.0.0.1:$PORT (v3io $CLICKSTREAM_V3IO_API); Ctrl-C stops everything"
+fi
 wait -n "${pids[@]}" || true
