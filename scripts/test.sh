@@ -10,5 +10,12 @@ echo "test: ruff"
 .venv/bin/ruff check dagster_streamgroup tests bench jobs sensors definitions.py
 echo "test: mypy --strict"
 .venv/bin/mypy
+if [ $# -gt 0 ]; then
+  echo "test: pytest $*"
+  exec .venv/bin/pytest "$@"
+fi
 echo "test: pytest"
-exec .venv/bin/pytest "$@"
+.venv/bin/pytest -m "not spark_connect"
+# PySpark allows no Spark Connect session in a process that runs a classic one, as the tests above do.
+echo "test: pytest, the Spark Connect tests in a process of their own"
+exec .venv/bin/pytest -m spark_connect

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagster import InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, model_validator
 
@@ -69,6 +70,15 @@ class StreamSparkResource(LazyPySparkResource):
             for key, value in config.items():
                 builder = builder.config(key, value)
             self._spark_session = builder.getOrCreate()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """A Connect session is released when the run ends. Left open, the client's exit hook would release it
+        when the process exits, retrying for minutes if the server is gone by then (restarted, stopped), and
+        the run process would hang; released here, the server frees the session's state at once. A classic
+        session dies with its process."""
+        if self.remote is not None and self._spark_session is not None:
+            session, self._spark_session = self._spark_session, None
+            session.stop()
 
     @property
     def is_connect(self) -> bool:

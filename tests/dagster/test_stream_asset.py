@@ -153,6 +153,7 @@ def test_a_commit_after_the_shard_moved_is_refused_naming_the_new_owner(
 
 
 @pytest.mark.slow
+@pytest.mark.spark_connect
 def test_a_run_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
     from pyspark.sql import SparkSession
 
@@ -161,7 +162,7 @@ def test_a_run_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFacto
     if SparkSession.getActiveSession() is not None:
         pytest.skip(
             "PySpark refuses a Connect session in a process that already runs a classic one (an earlier test's); "
-            "a Dagster run is a process of its own: run this test alone with -k spark_connect"
+            "a Dagster run is a process of its own: scripts/test.sh runs it in a pytest of its own (-m spark_connect)"
         )
     topic = kafka_topics(partitions=1)
     produce_sample(kafka_bootstrap, topic, 1, 400)
