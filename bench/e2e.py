@@ -1,7 +1,7 @@
 """The example end to end under ``dagster dev``: how long draining a backlog takes against a raw consumer.
 
 ``python -m bench.e2e [--records 200000] [--partitions 8] [--members 3] [--max-records-per-run 100000]
-[--spark local|connect] [--overhead-repeats 3] [--timeout 1800]``
+[--spark connect|local] [--overhead-repeats 3] [--timeout 1800]``
 
 1. the local broker, a topic of ``--partitions`` partitions and ``--records`` clickstream events;
 2. ``raw_consumer_s``: one confluent-kafka consumer reads every record (the project's range reader);
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--members", type=int, default=3)
     parser.add_argument("--max-records-per-run", type=int, default=100_000)
-    parser.add_argument("--spark", choices=["local", "connect"], default="local", help="where the runs' Spark runs")
+    parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
     parser.add_argument("--overhead-repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
     args = parser.parse_args(argv)
