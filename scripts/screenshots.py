@@ -1,7 +1,7 @@
 """Screenshots of the Dagster UI from a real run of the example: docs/screenshots/{runs,materializations,lag}.png.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots] [--rate 300] [--min-ranges 48]
-        [--timeout 1200] [--spark connect|local] [--lock /tmp/streamgroup-cpu.lock] [--keep]
+        [--timeout 1200] [--spark connect|local] [--lock FILE] [--keep]
 
 It starts what ``scripts/example.sh`` starts (the local broker, the clickstream producer, the local Spark
 Connect server, ``dagster dev`` with the example project on 127.0.0.1), all in a temporary directory, waits
@@ -12,8 +12,9 @@ show (and for Dagster's error and loading states) before it is captured, and the
 ones only when all three were taken. Everything started is stopped by PID at the end, also on error or
 Ctrl-C; after an error the temporary directory (logs, and the page as it was) is kept.
 
-The run is heavy (Spark, dagster dev, a browser), so it holds an exclusive ``flock`` on ``--lock`` for its
-whole duration: other heavy runs that take the same lock wait instead of competing for the CPU.
+The run is heavy (Spark, dagster dev, a browser). With ``--lock FILE`` it holds an exclusive ``flock`` on FILE
+for its whole duration, so other heavy jobs on a small machine that take the same lock wait instead of
+competing for the CPU (and distorting the page timings).
 """
 
 from __future__ import annotations
@@ -446,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-ranges", type=int, default=48, help="materialized ranges (lag points) to wait for")
     parser.add_argument("--timeout", type=float, default=1200.0, help="give up waiting after this many seconds")
     parser.add_argument("--spark", choices=["connect", "local"], default="connect")
-    parser.add_argument("--lock", default="/tmp/streamgroup-cpu.lock", help="flock held for the run ('' for none)")
+    parser.add_argument("--lock", default="", help="a file to hold an exclusive flock on during the run")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after success")
     args = parser.parse_args(argv)
     if args.rate < 1 or args.min_ranges < 2:
