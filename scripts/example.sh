@@ -47,6 +47,20 @@ stop_all() {
 }
 trap stop_all INT TERM EXIT
 
+wait_for_port() {  # PORT SECONDS WHAT: until a server we started answers on 127.0.0.1:PORT
+  .venv/bin/python - "$1" "$2" "$3" <<'PY'
+import sys
+import time
+from dagster_streamgroup.local.spark_connect import port_answers
+port, limit, what = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+deadline = time.monotonic() + limit
+while not port_answers(port):
+    if time.monotonic() > deadline:
+        raise SystemExit(f"example: {what} did not answer within {limit:g} s")
+    time.sleep(0.2)
+PY
+}
+
 if [ "$STREAM" = kafka ]; then
   .venv/bin/streamgroup local kafka --port "$KAFKA_PORT" &
   pids+=($!)
@@ -68,15 +82,9 @@ else
   STREAMGROUP_V3IO_ACCESS_KEY="$V3IO_ACCESS_KEY" .venv/bin/streamgroup local v3io --host 127.0.0.1 \
     --port "$V3IO_PORT" --data "$DAGSTER_HOME/v3io-data" &
   pids+=($!)
+  wait_for_port "$V3IO_PORT" 30 "the v3io server"
   .venv/bin/python - <<PY
-import time
-from dagster_streamgroup.local.spark_connect import port_answers
 from jobs.clickstream_events import ensure_v3io_stream, v3io_client
-deadline = time.monotonic() + 30
-while not port_answers($V3IO_PORT):
-    if time.monotonic() > deadline:
-        raise SystemExit("example: the v3io server did not answer within 30 s")
-    time.sleep(0.2)
 client = v3io_client("$CLICKSTREAM_V3IO_API")  # the key comes from V3IO_ACCESS_KEY
 path = "$CLICKSTREAM_V3IO_STREAM_PATH"
 shards = ensure_v3io_stream(client, "$CLICKSTREAM_V3IO_CONTAINER", path, $CLICKSTREAM_PARTITIONS)
@@ -92,15 +100,7 @@ if [ "$SPARK" = connect ]; then
   .venv/bin/streamgroup local spark-connect --port "$SPARK_PORT" &
   pids+=($!)
   export CLICKSTREAM_SPARK_REMOTE="sc://127.0.0.1:$SPARK_PORT"
-  .venv/bin/python - <<PY
-import time
-from dagster_streamgroup.local.spark_connect import port_answers
-deadline = time.monotonic() + 180
-while not port_answers($SPARK_PORT):
-    if time.monotonic() > deadline:
-        raise SystemExit("example: the Spark Connect server did not answer within 180 s")
-    time.sleep(0.5)
-PY
+  wait_for_port "$SPARK_PORT" 180 "the Spark Connect server"
 fi
 .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT" &
 pids+=($!)

@@ -14,19 +14,13 @@ from dagster import InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, model_validator
 
-LOCAL_DEFAULTS: dict[str, str] = {
-    "spark.ui.enabled": "false",
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.sql.shuffle.partitions": "8",
-    "spark.sql.session.timeZone": "UTC",
-}
+from dagster_streamgroup.spark.session import LOCAL_CONF, prepare_environment, with_arrow_java_options
+
+LOCAL_DEFAULTS: dict[str, str] = {**LOCAL_CONF, "spark.sql.shuffle.partitions": "8"}
 
 
 def prepare_spark_environment() -> None:
     """Point PySpark's Python workers at this interpreter and keep Spark on loopback (set before a session)."""
-    from dagster_streamgroup.spark.session import prepare_environment
-
     prepare_environment()
 
 
@@ -52,8 +46,6 @@ class StreamSparkResource(LazyPySparkResource):
     def effective_config(self) -> dict[str, Any]:
         if self.remote is not None:
             return {**self.spark_config, "spark.remote": self.remote}
-        from dagster_streamgroup.spark.session import with_arrow_java_options
-
         return with_arrow_java_options({**LOCAL_DEFAULTS, "spark.master": self.master, **self.spark_config})
 
     def _init_session(self) -> None:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from dagster_streamgroup.dagster import StreamGroupConfigError, V3ioStreamGroup
 from dagster_streamgroup.local.v3io.testing import V3ioServerInfo
-from dagster_streamgroup.protocol import RangeReport
+from dagster_streamgroup.protocol import report_of
 from tests.fixtures.v3io import unique_v3io_name
 
 SECRET = "s3cr3t-key-value"
@@ -50,16 +50,7 @@ def test_members_claim_launch_and_commit_with_state_next_to_the_stream(
     assert sorted(report.owned) == ["0", "1"]
     assert sorted((x.shard, x.start, x.end) for x in report.new_launches) == [("0", 1, 6), ("1", 1, 6)]
     launch = report.new_launches[0]
-    outcome = member.commit(
-        RangeReport(
-            shard=launch.shard,
-            member_id=launch.member_id,
-            epoch=launch.epoch,
-            start=launch.start,
-            end=launch.end,
-            run_key=launch.run_key,
-        )
-    )
+    outcome = member.commit(report_of(launch))
     assert outcome.accepted
     item = v3io_client.kv.get(
         container="bigdata",
