@@ -62,6 +62,18 @@ def probe(target: list[str]) -> float:
     return float(json.loads(done.stdout.strip().splitlines()[-1])["overhead_s"])
 
 
+def run_timings(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a run's time goes, as Dagster recorded it: queued (created until its process started) and
+    running (process start until success), medians over the finished runs."""
+    finished = [r for r in runs if r.get("startTime") and r.get("endTime")]
+    if not finished:
+        return {}
+    return {
+        "queued": round(statistics.median(r["startTime"] - r["creationTime"] for r in finished), 2),
+        "running": round(statistics.median(r["endTime"] - r["startTime"] for r in finished), 2),
+    }
+
+
 def drain(
     args: argparse.Namespace,
     bootstrap: str,
@@ -132,7 +144,10 @@ def drain(
     for run in runs:
         statuses[run["status"]] = statuses.get(run["status"], 0) + 1
     print(f"drained in {drain_s:.1f} s with {len(runs)} runs {statuses}", flush=True)
+    timings = run_timings(runs)
+    print(f"run timings (median s): {timings}", flush=True)
     return {
+        "run_timings_median_s": timings,
         "drain_s": round(drain_s, 2),
         "startup_s": round(startup_s, 2),
         "ready_s": round(ready_s, 2),

@@ -97,7 +97,8 @@ class DagsterDev:
 
     def runs(self) -> list[dict[str, Any]]:
         data = self.graphql(
-            "{ runsOrError(limit: 100000) { ... on Runs { results { runId status tags { key value } } } } }"
+            "{ runsOrError(limit: 100000) { ... on Runs { results { runId status creationTime startTime endTime"
+            " tags { key value } } } } }"
         )
         runs = data["runsOrError"]["results"]
         for run in runs:
