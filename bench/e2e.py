@@ -130,7 +130,7 @@ def drain(
         print(f"dagster dev ready after {ready_s:.1f} s, shards shared after {startup_s:.1f} s", flush=True)
         produce_backlog()
         highs = {s: m.high for s, m in backend.watermarks(shards).items()}
-        produced = time.perf_counter()
+        produced, produced_at = time.perf_counter(), time.time()
 
         def drained() -> bool:
             return backend.committed(group, shards) == highs
@@ -146,6 +146,10 @@ def drain(
     print(f"drained in {drain_s:.1f} s with {len(runs)} runs {statuses}", flush=True)
     timings = run_timings(runs)
     print(f"run timings (median s): {timings}", flush=True)
+    for run in sorted(runs, key=lambda r: r["creationTime"]):
+        marks = [run.get(key) for key in ("creationTime", "startTime", "endTime")]
+        since = " ".join("-" if mark is None else f"{mark - produced_at:+7.1f}" for mark in marks)
+        print(f"  {run['tags'].get('streamgroup/shard', '?'):>24} created/started/ended (s after producing) {since}")
     return {
         "run_timings_median_s": timings,
         "drain_s": round(drain_s, 2),

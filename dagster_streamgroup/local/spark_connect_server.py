@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_streamgroup.spark.session import with_arrow_java_options
+from dagster_streamgroup.spark.session import LOCAL_CONF, with_arrow_java_options
 
 PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 HOST = "127.0.0.1"
@@ -33,18 +33,18 @@ HOST = "127.0.0.1"
 def spark_conf(
     port: int, *, master: str, driver_memory: str, isolate_sessions: bool, local_dir: str | None, extra: dict[str, str]
 ) -> dict[str, str]:
-    """The driver configuration: loopback only, no UI, the Connect plugin, the isolation choice above, and
-    Arrow Java's unchecked reads (``with_arrow_java_options``). ``extra`` wins over these defaults."""
+    """The driver configuration: the local session defaults (loopback only, no UI, UTC, a few shuffle
+    partitions: a run's Spark work gives the same results and task counts over Connect as in a local session),
+    the Connect plugin, the isolation choice above, and Arrow Java's unchecked reads
+    (``with_arrow_java_options``). ``extra`` wins over these defaults."""
     conf = {
+        **LOCAL_CONF,
         "spark.master": master,
         "spark.app.name": "streamgroup-spark-connect",
         "spark.driver.memory": driver_memory,
         "spark.plugins": PLUGIN,
         "spark.connect.grpc.binding.address": HOST,
         "spark.connect.grpc.binding.port": str(port),
-        "spark.driver.host": HOST,
-        "spark.driver.bindAddress": HOST,
-        "spark.ui.enabled": "false",
         "spark.log.level": "WARN",
         "spark.sql.artifact.isolation.enabled": "true" if isolate_sessions else "false",
     }

@@ -19,6 +19,8 @@ from dagster_streamgroup.local.spark_connect import (
     run_probe,
     running_connect_server,
 )
+from dagster_streamgroup.local.spark_connect_server import spark_conf
+from dagster_streamgroup.spark.session import LOCAL_CONF
 
 RUN_TIMEOUT_S = 300.0
 LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp and tcp6 (mapped)
@@ -49,6 +51,19 @@ def test_guard_rule() -> None:
     assert not needs_restart(rss_mb=5000, limit_mb=4096, connections=1)
     assert not needs_restart(rss_mb=4000, limit_mb=4096, connections=0)
     assert not needs_restart(rss_mb=5000, limit_mb=None, connections=0)
+
+
+def test_server_sessions_compute_as_local_sessions_do() -> None:
+    """A run gives the same results (session time zone) and task counts (shuffle partitions) whether its
+    Spark is the Connect server or a local session; the caller's extra conf still wins."""
+    conf = spark_conf(
+        15002, master="local[2]", driver_memory="2g", isolate_sessions=False, local_dir=None,
+        extra={"spark.sql.shuffle.partitions": "16"},
+    )  # fmt: skip
+    for key, value in LOCAL_CONF.items():
+        expected = "16" if key == "spark.sql.shuffle.partitions" else value
+        assert conf[key] == expected, key
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
