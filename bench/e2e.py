@@ -36,12 +36,21 @@ import pyarrow as pa
 
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
+from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import running_broker
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.streams.kafka import PartitionRange, read_ranges
 from jobs.clickstream_events import produce_burst, producers
 
 PROBE_ROWS = 1000
+ASSET = "page_views_per_minute"
+PARTS = (
+    (b"dagster._daemon", "daemon"),
+    (b"dagster_webserver", "webserver"),
+    (b"api grpc", "code_server"),
+    (b"code-server", "code_server"),
+)
+"""Command-line fragments of ``dagster dev``'s processes, by role."""
 
 
 def raw_consumer_seconds(bootstrap: str, topic: str, highs: dict[str, int]) -> tuple[float, int]:
@@ -74,6 +83,29 @@ def run_timings(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def part_of(pid: int) -> str:
+    """Which part of the deployment a process of ``dagster dev``'s tree is, from its command line."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return "gone"
+    for needle, part in PARTS:
+        if needle in cmdline:
+            return part
+    return "dagster_dev_other"
+
+
+def cpu_by_part(roots: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each part: the Connect server's tree, the broker, and ``dagster dev``'s processes
+    by role. Run processes are children of the code server, so their CPU lands there once they have exited."""
+    out: dict[str, float] = {}
+    for name, root in roots.items():
+        for pid, cpu in procfs.tree_cpu_seconds(root).items():
+            part = part_of(pid) if name == "dagster_dev" else name
+            out[part] = out.get(part, 0.0) + cpu
+    return out
+
+
 def drain(
     args: argparse.Namespace,
     bootstrap: str,
@@ -81,6 +113,7 @@ def drain(
     remote: str | None,
     work: Path,
     produce_backlog: Callable[[], None],
+    cpu_roots: dict[str, int],
 ) -> dict[str, Any]:
     """``dagster dev`` starts on an empty topic and its members share the shards (``startup_s``); then the
     backlog is produced, and ``drain_s`` runs from the end of producing until Kafka's group offsets reach the
@@ -130,6 +163,9 @@ def drain(
         print(f"dagster dev ready after {ready_s:.1f} s, shards shared after {startup_s:.1f} s", flush=True)
         produce_backlog()
         highs = {s: m.high for s, m in backend.watermarks(shards).items()}
+        assert dev.proc is not None
+        roots = {**cpu_roots, "dagster_dev": dev.proc.pid}
+        cpu_before = cpu_by_part(roots)
         produced, produced_at = time.perf_counter(), time.time()
 
         def drained() -> bool:
@@ -137,7 +173,9 @@ def drain(
 
         wait_for("the backlog to drain", drained, args.timeout, 1.0)
         drain_s = time.perf_counter() - produced
+        cpu_after = cpu_by_part(roots)
         runs = dev.runs()
+        spark_s = {m["runId"]: (m.get("read_s"), m.get("process_s")) for m in dev.materializations(ASSET)}
     finally:
         dev.stop()
     statuses: dict[str, int] = {}
@@ -149,8 +187,16 @@ def drain(
     for run in sorted(runs, key=lambda r: r["creationTime"]):
         marks = [run.get(key) for key in ("creationTime", "startTime", "endTime")]
         since = " ".join("-" if mark is None else f"{mark - produced_at:+7.1f}" for mark in marks)
-        print(f"  {run['tags'].get('streamgroup/shard', '?'):>24} created/started/ended (s after producing) {since}")
+        read_s, process_s = spark_s.get(run["runId"], (None, None))
+        print(
+            f"  {run['tags'].get('streamgroup/shard', '?'):>24} created/started/ended (s after producing) {since}"
+            f"  read {read_s} s, process {process_s} s"
+        )
+    # Runs still exiting after the drain are not counted yet: a lower bound for the code server's part.
+    cpu_s = {part: round(cpu - cpu_before.get(part, 0.0), 1) for part, cpu in sorted(cpu_after.items())}
+    print(f"CPU seconds spent during the drain, by part: {cpu_s}", flush=True)
     return {
+        "drain_cpu_s": cpu_s,
         "run_timings_median_s": timings,
         "drain_s": round(drain_s, 2),
         "startup_s": round(startup_s, 2),
@@ -196,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 "connect": round(statistics.median(connect), 3),
             }
             remote_or_none = remote if args.spark == "connect" else None
-            result.update(drain(args, broker.bootstrap, topic, remote_or_none, Path(tmp), produce_backlog))
+            roots = {"spark_connect_server": server.pid, **({"broker": broker.pid} if broker.pid else {})}
+            result.update(drain(args, broker.bootstrap, topic, remote_or_none, Path(tmp), produce_backlog, roots))
         backend = KafkaStreamGroup(group="bench", bootstrap_servers=broker.bootstrap, topics=[topic]).backend()
         highs = {s: m.high for s, m in backend.watermarks(backend.shards()).items()}
         raw_s, records = raw_consumer_seconds(broker.bootstrap, topic, highs)

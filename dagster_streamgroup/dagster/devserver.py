@@ -111,14 +111,14 @@ class DagsterDev:
             """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
                  assetMaterializations(limit: 10000) { partition runId metadataEntries { label
                    ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
-                   ... on BoolMetadataEntry { boolValue } } } } } }""",
+                   ... on BoolMetadataEntry { boolValue } ... on FloatMetadataEntry { floatValue } } } } } }""",
             {"k": {"path": [asset]}},
         )
         out = []
         for m in data["assetOrError"]["assetMaterializations"]:
             meta = {}
             for e in m["metadataEntries"]:
-                meta[e["label"]] = e.get("intValue", e.get("text", e.get("boolValue")))
+                meta[e["label"]] = e.get("intValue", e.get("text", e.get("boolValue", e.get("floatValue"))))
             out.append({"partition": m["partition"], "runId": m["runId"], **meta})
         return out
 
