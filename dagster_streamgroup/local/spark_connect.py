@@ -164,7 +164,12 @@ def run_probe(remote: str, timeout_s: float, rows: int = 1000) -> dict[str, Any]
     command = [
         sys.executable, "-m", "dagster_streamgroup.local.spark_probe", "--remote", remote, "--rows", str(rows)
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        tail = said.strip()[-2000:]
+        raise RuntimeError(f"probe run did not finish within {timeout_s:.0f} s; its stderr: {tail}") from None
     last = done.stdout.strip().splitlines()[-1:] or [""]
     if done.returncode != 0:
         raise RuntimeError(f"probe run failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}")
