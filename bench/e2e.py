@@ -97,12 +97,11 @@ def run_timings(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def part_of(pid: int) -> str:
     """Which part of the deployment a process of ``dagster dev``'s tree is, from its command line."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-    except OSError:
+    command = b" ".join(procfs.cmdline(pid))
+    if not command:
         return "gone"
     for needle, part in PARTS:
-        if needle in cmdline:
+        if needle in command:
             return part
     return "code_server_and_runs"
 

@@ -10,7 +10,8 @@ from dagster_streamgroup.dagster.resources import (
     V3ioStreamGroup,
 )
 from dagster_streamgroup.dagster.sensors import member_sensor_names, member_sensors
-from dagster_streamgroup.dagster.spark_session import StreamSparkResource, prepare_spark_environment
+from dagster_streamgroup.dagster.spark_session import StreamSparkResource
+from dagster_streamgroup.spark.session import prepare_environment as prepare_spark_environment
 
 __all__ = [
     "LAG_CHECK",

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,15 +141,9 @@ class DagsterDev:
     def daemon_pid(self) -> int:
         """The ``dagster._daemon run`` child of ``dagster dev``."""
         assert self.proc is not None
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-                if ppid == self.proc.pid and b"dagster._daemon" in cmdline:
-                    return int(entry.name)
+        for pid in procfs.process_tree(self.proc.pid):
+            if b"dagster._daemon" in procfs.cmdline(pid):
+                return pid
         raise RuntimeError("the daemon process of dagster dev was not found")
 
     def kill_daemon_and_wait(self, timeout_s: float = 900.0) -> None:

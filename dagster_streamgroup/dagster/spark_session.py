@@ -19,11 +19,6 @@ from dagster_streamgroup.spark.session import LOCAL_CONF, prepare_environment, w
 LOCAL_DEFAULTS: dict[str, str] = {**LOCAL_CONF, "spark.sql.shuffle.partitions": "8"}
 
 
-def prepare_spark_environment() -> None:
-    """Point PySpark's Python workers at this interpreter and keep Spark on loopback (set before a session)."""
-    prepare_environment()
-
-
 class StreamSparkResource(LazyPySparkResource):
     """A lazily created Spark session: ``master`` (``local[*]`` by default) or a Spark Connect ``remote``."""
 
@@ -52,7 +47,7 @@ class StreamSparkResource(LazyPySparkResource):
         if self._spark_session is None:
             from pyspark.sql import SparkSession
 
-            prepare_spark_environment()
+            prepare_environment()
             builder = SparkSession.builder
             if self.remote is not None:
                 builder = builder.remote(self.remote)

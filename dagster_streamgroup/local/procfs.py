@@ -53,6 +53,14 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+def cmdline(pid: int) -> list[bytes]:
+    """The argument vector of one process, empty if it is gone (or a zombie)."""
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return []
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of one process, 0 if it is gone (or a zombie)."""
     try:
