@@ -72,7 +72,10 @@ def test_partitions_added_later_appear_as_new_shards(kafka_bootstrap: str, kafka
 def test_records_keep_keys_headers_and_timestamps(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
     topic = kafka_topics(1)
     offsets = produce_records(
-        kafka_bootstrap, topic, 0, [b"v0", None, b"v2"],
+        kafka_bootstrap,
+        topic,
+        0,
+        [b"v0", None, b"v2"],
         keys=[b"k0", b"k1", None],
         timestamps_ms=[1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_789],
         headers=[[("h", b"1"), ("n", None)], None, []],
@@ -82,8 +85,11 @@ def test_records_keep_keys_headers_and_timestamps(kafka_bootstrap: str, kafka_to
     assert [r["key"] for r in rows] == [b"k0", b"k1", None]
     assert [r["offset"] for r in rows] == offsets
     assert {(r["topic"], r["partition"]) for r in rows} == {(topic, 0)}
-    assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [1_700_000_000_123, 1_700_000_000_456,
-                                                                        1_700_000_000_789]
+    assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [
+        1_700_000_000_123,
+        1_700_000_000_456,
+        1_700_000_000_789,
+    ]
     assert [r["timestampType"] for r in rows] == [0, 0, 0]  # Spark's code for CreateTime
     assert rows[0]["headers"] == [{"key": "h", "value": b"1"}, {"key": "n", "value": None}]
     assert rows[1]["headers"] is None
@@ -92,8 +98,9 @@ def test_records_keep_keys_headers_and_timestamps(kafka_bootstrap: str, kafka_to
 def test_transaction_markers_do_not_stall_a_range(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
     """Offsets taken by commit markers hold no records: a range ending on one completes at once."""
     topic = kafka_topics(1)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_name("tx"),
-                         "batch.num.messages": 1})
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": unique_name("tx"), "batch.num.messages": 1}
+    )
     producer.init_transactions(10)
     for txn in range(3):
         producer.begin_transaction()
@@ -121,8 +128,12 @@ def test_several_ranges_in_one_read(kafka_bootstrap: str, kafka_topics: TopicFac
     b = kafka_topics(1, prefix="b")
     ends_a = produce_sample(kafka_bootstrap, a, 3, 3000, value_size=10)
     produce_records(kafka_bootstrap, b, 0, [b"b0", b"b1", b"b2"])
-    ranges = [PartitionRange(a, 0, 10, 900), PartitionRange(a, 1, 0, ends_a[1]), PartitionRange(a, 2, 5, 5),
-              PartitionRange(b, 0, 1, 3)]
+    ranges = [
+        PartitionRange(a, 0, 10, 900),
+        PartitionRange(a, 1, 0, ends_a[1]),
+        PartitionRange(a, 2, 5, 5),
+        PartitionRange(b, 0, 1, 3),
+    ]
     table = _table(read_ranges({"bootstrap.servers": kafka_bootstrap}, ranges, batch_size=333))
     got = {(t, p): [] for t, p in {(r.topic, r.partition) for r in ranges}}
     for row in table.select(["topic", "partition", "offset"]).to_pylist():
@@ -131,6 +142,21 @@ def test_several_ranges_in_one_read(kafka_bootstrap: str, kafka_topics: TopicFac
     assert got[(a, 1)] == list(range(ends_a[1]))
     assert got[(a, 2)] == []
     assert got[(b, 0)] == [1, 2]
+
+
+def test_ranges_of_several_partitions_of_one_topic(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    """One topic read over several partitions: batches mix partitions, and ranges end below the watermarks,
+    so records past an end arrive and must be dropped from the batch they came in."""
+    topic = kafka_topics(3)
+    ends = produce_sample(kafka_bootstrap, topic, 3, 6000, value_size=10)
+    ranges = [PartitionRange(topic, 0, 7, 1500), PartitionRange(topic, 1, 0, 1), PartitionRange(topic, 2, 100, ends[2])]
+    for batch_size in (1, 97, 10_000):
+        table = _table(read_ranges({"bootstrap.servers": kafka_bootstrap}, ranges, batch_size=batch_size))
+        got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        for row in table.select(["topic", "partition", "offset"]).to_pylist():
+            assert row["topic"] == topic
+            got[row["partition"]].append(row["offset"])
+        assert got == {0: list(range(7, 1500)), 1: [0], 2: list(range(100, ends[2]))}, batch_size
 
 
 def test_commits_are_visible_to_kafka_lag_tools(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
@@ -148,13 +174,21 @@ def test_commits_are_visible_to_kafka_lag_tools(kafka_bootstrap: str, kafka_topi
     assert [tp.offset for tp in seen] == [4, 0]
 
 
-def test_a_commit_into_a_group_with_live_subscribers_is_rejected(kafka_bootstrap: str,
-                                                                 kafka_topics: TopicFactory) -> None:
+def test_a_commit_into_a_group_with_live_subscribers_is_rejected(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
     topic = kafka_topics(1)
     group = unique_name("live")
     produce_records(kafka_bootstrap, topic, 0, [b"a"])
-    member = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                       "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500})
+    member = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
     try:
         member.subscribe([topic])
         deadline = time.monotonic() + 30
