@@ -117,7 +117,7 @@ def evaluate_member_tick(
     before = member.load()
     notes: list[str] = []
     if instance is not None and before is not None:
-        notes += _leave_stopped_peers(resource, instance, before, member_id, peers)
+        notes += _leave_stopped_peers(resource, instance, before, member_id, peers, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
     report = member.tick()
     launches = report.inflight
@@ -162,20 +162,37 @@ def _new_partition_keys(
     return [key for key in keys if not instance.has_dynamic_partition(name, key)]
 
 
+def _repository_of(context: dg.SensorEvaluationContext) -> tuple[str | None, str | None]:
+    """(code location, repository) of the ticking sensor, where Dagster tells them."""
+    origin = context.code_location_origin
+    return (origin.location_name if origin is not None else None), context.repository_name
+
+
 def _leave_stopped_peers(
     resource: StreamGroupResource,
     instance: dg.DagsterInstance,
     state: GroupState,
     member_id: str,
     peers: Sequence[str],
+    repository: tuple[str | None, str | None] = (None, None),
 ) -> list[str]:
-    """Peers that an operator stopped in Dagster leave now, instead of holding shards for a session timeout."""
+    """Peers that an operator stopped in Dagster leave now, instead of holding shards for a session timeout.
+
+    Only sensors of this sensor's own code location and repository count: a stopped sensor of the same name
+    elsewhere in the instance (an old location, another project on the same group) is not a peer, and
+    taking it for one would evict a live member on every tick."""
     candidates = {p for p in peers if p != member_id and p in state.members}
     if not candidates:
         return []
-    states = instance.all_instigator_state(
-        instigator_type=InstigatorType.SENSOR, instigator_statuses={InstigatorStatus.STOPPED}
-    )
+    location, repository_name = repository
+    states = [
+        s
+        for s in instance.all_instigator_state(
+            instigator_type=InstigatorType.SENSOR, instigator_statuses={InstigatorStatus.STOPPED}
+        )
+        if (repository_name is None or s.repository_selector.repository_name == repository_name)
+        and (location is None or s.repository_selector.location_name == location)
+    ]
     stopped = sorted(s.instigator_name for s in states if s.instigator_name in candidates)
     notes = []
     for peer in stopped:

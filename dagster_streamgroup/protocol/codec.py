@@ -57,6 +57,8 @@ def decode_state(text: str | bytes, *, where: str) -> GroupState:
             f"reads up to {SCHEMA_VERSION}); upgrade this member instead of overwriting it"
         )
     try:
-        return GroupState.model_validate(raw)
+        state = GroupState.model_validate(raw)
     except ValidationError as exc:
         raise ForeignStateError(f"{where}: the stored state does not validate: {exc}") from exc
+    # Written back at this version: a member of an older version then refuses it instead of dropping fields.
+    return state if version == SCHEMA_VERSION else state.model_copy(update={"schema_version": SCHEMA_VERSION})

@@ -110,7 +110,7 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
             Refusal.WRONG_START,
             f"shard {report.shard}: committed offset is {shard.committed}, the range starts at {report.start}",
         )
-    done = evolve(shard, committed=report.end, inflight=None, attempt=0, last_run_key=report.run_key)
+    done = evolve(shard, committed=report.end, inflight=None, attempt=0, retry_end=None, last_run_key=report.run_key)
     done = _leave_if_departed(state, done)
     new_state = state.model_copy(update={"shards": {**state.shards, report.shard: done}})
     return new_state, CommitOutcome(
@@ -134,12 +134,22 @@ def fail(
 ) -> tuple[GroupState, FailOutcome]:
     """The run of the in-flight range failed: retry the same offsets, or give the range up as configured.
 
-    A report for a range that is no longer in flight (already handled, or replayed) is ignored."""
+    Only the run in flight may report: same run key, and the member and epoch it was launched under. A
+    stale run of the same range (launched before its shard moved, and relaunched since under the same
+    key) is ignored, so it cannot clear its successor's record and start a second concurrent run; a report
+    already handled, or replayed, is ignored too."""
     shard = state.shards.get(report.shard)
-    if shard is None or shard.inflight is None or shard.inflight.run_key != report.run_key:
+    inflight = shard.inflight if shard is not None else None
+    if (
+        shard is None
+        or inflight is None
+        or inflight.run_key != report.run_key
+        or inflight.epoch != report.epoch
+        or inflight.member_id != report.member_id
+    ):
         return state, FailOutcome.IGNORED
-    attempts = shard.inflight.attempt + 1
-    base = evolve(shard, inflight=None)
+    attempts = inflight.attempt + 1
+    base = evolve(shard, inflight=None, retry_end=inflight.end)
     if attempts < policy.max_attempts:
         updated = _leave_if_departed(state, evolve(base, attempt=attempts))
         return state.model_copy(update={"shards": {**state.shards, report.shard: updated}}), FailOutcome.RETRY
@@ -149,7 +159,7 @@ def fail(
         updated = evolve(base, attempt=attempts, parked=parked)
         kind, outcome = EventKind.PARKED, FailOutcome.PARKED
     else:
-        updated = evolve(base, attempt=0, committed=max(report.end, shard.committed or 0))
+        updated = evolve(base, attempt=0, retry_end=None, committed=max(report.end, shard.committed or 0))
         kind, outcome = EventKind.DEAD_LETTER, FailOutcome.DEAD_LETTERED
     updated = _leave_if_departed(state, updated)
     event = GroupEvent(
@@ -166,14 +176,19 @@ def fail(
 
 
 def unpark(state: GroupState, shard_id: str, now: float, *, skip: bool = False) -> GroupState:
-    """Operator action: resume a parked shard, retrying its range, or with ``skip`` dead-lettering it."""
+    """Operator action: resume a parked shard, retrying its range, or with ``skip`` dead-lettering it.
+
+    Resuming bumps the shard's epoch: the attempts count again from 0, and without a new epoch the retry
+    would carry the run key of the range's first failed attempt, which the orchestrator keeps for good and
+    would skip as a duplicate. Nothing is in flight on a parked shard, so no run is fenced out by it."""
     shard = state.shards.get(shard_id)
     if shard is None or shard.parked is None:
         return state
     parked = shard.parked
-    update: dict[str, object] = {"parked": None, "attempt": 0}
+    update: dict[str, object] = {"parked": None, "attempt": 0, "epoch": shard.epoch + 1, "ahead_since": None}
     if skip:
         update["committed"] = max(parked.end, shard.committed or 0)
+        update["retry_end"] = None
     event = GroupEvent(
         kind=EventKind.DEAD_LETTER if skip else EventKind.UNPARKED,
         at=now,

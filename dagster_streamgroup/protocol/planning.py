@@ -8,6 +8,7 @@ losing or doubling it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -162,17 +163,27 @@ def _plan_shard(
         )
         committed = mark.low
         shard = evolve(shard, committed=committed)
+    if committed > mark.high:
+        return _offsets_ahead(shard_id, shard, member_id, now, mark, policy)
+    if shard.ahead_since is not None:
+        shard = evolve(shard, ahead_since=None)
+    retry_end = shard.retry_end if shard.retry_end is not None and shard.retry_end > committed else None
+    if retry_end is None and shard.retry_end is not None:
+        shard = evolve(shard, retry_end=None)  # retention loss skipped past the failed range
     backlog = mark.high - committed
-    if backlog <= 0:
-        if shard.backlog_since is not None:
-            shard = evolve(shard, backlog_since=None)
-        return shard, None, event
-    if backlog < policy.min_backlog:
-        if shard.backlog_since is None:
-            return evolve(shard, backlog_since=now), None, event
-        if now - shard.backlog_since < policy.max_wait_s:
+    if retry_end is not None:
+        end = retry_end  # the failed range again, however much the backlog has grown
+    else:
+        if backlog <= 0:
+            if shard.backlog_since is not None:
+                shard = evolve(shard, backlog_since=None)
             return shard, None, event
-    end = committed + min(backlog, policy.max_records_per_run)
+        if backlog < policy.min_backlog:
+            if shard.backlog_since is None:
+                return evolve(shard, backlog_since=now), None, event
+            if now - shard.backlog_since < policy.max_wait_s:
+                return shard, None, event
+        end = committed + min(backlog, policy.max_records_per_run)
     key = run_key(group, shard_id, committed, end, shard.attempt)
     inflight = InFlight(
         start=committed,
@@ -194,6 +205,37 @@ def _plan_shard(
         run_key=key,
     )
     return evolve(shard, inflight=inflight, backlog_since=None), launch, event
+
+
+def _offsets_ahead(
+    shard_id: str, shard: ShardState, member_id: str, now: float, mark: Watermark, policy: GroupPolicy
+) -> tuple[ShardState, Launch | None, GroupEvent | None]:
+    """The committed offset is past the stream's high watermark: the stream was recreated or truncated, or
+    (briefly) a new Kafka leader has not caught up its high watermark yet. Reading on from the committed
+    offset would skip whatever the stream now holds below it, and moving the offset back is not ours to
+    decide, so nothing is launched; if it lasts a session timeout, the shard is parked with an event."""
+    committed = cast(int, shard.committed)
+    if shard.ahead_since is None:
+        return evolve(shard, ahead_since=now), None, None
+    if now - shard.ahead_since < policy.session_timeout_s:
+        return shard, None, None
+    detail = (
+        f"the committed offset {committed} is past the stream's high watermark {mark.high} since "
+        f"{now - shard.ahead_since:.0f} s: the stream was recreated or truncated; shard parked, nothing was "
+        "read or skipped (resume it with `streamgroup unpark` once the stream is past the offset again, or "
+        "consume the new stream under another group)"
+    )
+    parked = Parked(start=mark.high, end=committed, reason=detail, at=now)
+    event = GroupEvent(
+        kind=EventKind.OFFSETS_AHEAD,
+        at=now,
+        shard=shard_id,
+        member_id=member_id,
+        start=mark.high,
+        end=committed,
+        detail=detail,
+    )
+    return evolve(shard, parked=parked, ahead_since=None), None, event
 
 
 def inflight_launches(state: GroupState, member_id: str) -> list[Launch]:

@@ -17,7 +17,8 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 STATE_KIND = "dagster-streamgroup/group-state"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``ShardState.retry_end`` and ``ahead_since``; a version-1 state reads as one with neither set."""
 
 
 T = TypeVar("T")
@@ -97,6 +98,13 @@ class ShardState:
     """When a backlog below ``min_backlog`` was first seen; launching waits at most ``max_wait`` after it."""
     last_run_key: str | None = None
     """Run key of the last accepted commit, so a replayed commit is recognised instead of refused."""
+    retry_end: int | None = None
+    """End of the failed range that starts at ``committed``: its retries read exactly the same offsets. The
+    failed attempt may have had side effects over them, and a retry grown with the backlog would spread an
+    attempt count over different ranges."""
+    ahead_since: float | None = None
+    """When the committed offset was first seen past the stream's high watermark (a recreated or truncated
+    stream; briefly, a Kafka leader change); the shard is parked if it lasts a session timeout."""
 
 
 class EventKind(StrEnum):
@@ -107,6 +115,7 @@ class EventKind(StrEnum):
     EVICTED = "evicted"
     LEFT = "left"
     DRAIN_EXPIRED = "drain_expired"
+    OFFSETS_AHEAD = "offsets_ahead"
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,13 @@ class SensorDriver:
     instance: dg.DagsterInstance
     resource: KafkaStreamGroup
     cursor: str | None = None
+    repository_name: str | None = None
 
     def tick(self) -> dg.SensorResult:
         context = dg.build_sensor_context(
             instance=self.instance,
             sensor_name=self.sensor.name,
+            repository_name=self.repository_name,
             cursor=self.cursor,
             resources={"streamgroup": self.resource},
         )

@@ -68,23 +68,33 @@ def test_status_unpark_and_backfill_plan(kafka_bootstrap: str, kafka_topics: Top
         )
         driver.tick()  # max_attempts=1: the failed range parks the shard
 
-    status = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions)])
-    assert status.exit_code == 0, status.output
-    assert sensor.name in status.output
-    assert f"{topic}:0" in status.output and f"{topic}:1" in status.output
-    assert "[0, 300)" in status.output  # parked range (and the range in flight on the other shard)
-    assert "parked" in status.output and "total lag: 1002 records" in status.output
+        status = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions)])
+        assert status.exit_code == 0, status.output
+        assert sensor.name in status.output
+        assert f"{topic}:0" in status.output and f"{topic}:1" in status.output
+        assert "[0, 300)" in status.output  # parked range (and the range in flight on the other shard)
+        assert "parked" in status.output and "total lag: 1002 records" in status.output
 
-    unparked = runner.invoke(
-        main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]
-    )
-    assert unparked.exit_code == 0 and "unparked" in unparked.output
-    state = resource.member("reader").load()
-    assert state is not None and state.shards[f"{topic}:0"].parked is None
-    again = runner.invoke(
-        main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]
-    )
-    assert "was not parked" in again.output
+        unparked = runner.invoke(
+            main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]
+        )
+        assert unparked.exit_code == 0 and "unparked" in unparked.output
+        state = resource.member("reader").load()
+        assert state is not None and state.shards[f"{topic}:0"].parked is None
+        again = runner.invoke(
+            main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]
+        )
+        assert "was not parked" in again.output
+
+        # the sensor retries the parked range under a new run key: the failed run's key is not seen as its
+        # outcome (which would park the shard again), and the daemon would skip a reused key
+        retry = driver.requests()[f"{topic}:0"]
+        assert retry.tags is not None and retry.run_key != request.run_key
+        assert (retry.tags["streamgroup/start"], retry.tags["streamgroup/end"]) == ("0", "300")
+        driver.tick()
+        state = resource.member("reader").load()
+        assert state is not None and state.shards[f"{topic}:0"].parked is None
+        assert state.shards[f"{topic}:0"].inflight is not None
 
     plan = runner.invoke(
         main,

@@ -130,7 +130,7 @@ def test_lag_of_every_owned_shard_is_observed(kafka_bootstrap: str, kafka_topics
         assert not [e for e in throttled.asset_events if isinstance(e, dg.AssetObservation)]
 
 
-def stop_in_dagster(instance: dg.DagsterInstance, sensor_name: str) -> None:
+def stop_in_dagster(instance: dg.DagsterInstance, sensor_name: str, repository: str = "__repository__") -> None:
     """What stopping a sensor in the UI stores: its instigator state, STOPPED."""
     from dagster._core.remote_origin import (
         RegisteredCodeLocationOrigin,
@@ -140,7 +140,7 @@ def stop_in_dagster(instance: dg.DagsterInstance, sensor_name: str) -> None:
     from dagster._core.scheduler.instigation import InstigatorState, InstigatorStatus, InstigatorType
 
     origin = RemoteInstigatorOrigin(
-        RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("test"), "__repository__"), sensor_name
+        RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("test"), repository), sensor_name
     )
     instance.add_instigator_state(InstigatorState(origin, InstigatorType.SENSOR, InstigatorStatus.STOPPED))
 
@@ -160,6 +160,13 @@ def test_a_peer_stopped_in_dagster_leaves_at_the_next_tick(
         state = resource.member("reader").load()
         assert state is not None
         assert sorted(s.owner or "" for s in state.shards.values()) == [sensors[0].name] * 2 + [sensors[1].name] * 2
+
+        # a stopped sensor of the same name in another repository of the instance is not this peer
+        stop_in_dagster(instance, sensors[1].name, repository="another_project")
+        first.repository_name = "__repository__"
+        result = first.tick()
+        state = resource.member("reader").load()
+        assert state is not None and set(state.members) == {sensors[0].name, sensors[1].name}
 
         stop_in_dagster(instance, sensors[1].name)
         result = first.tick()  # long before the session timeout (30 s here)

@@ -32,3 +32,16 @@ def test_round_trip_keeps_every_field() -> None:
 def test_foreign_or_newer_states_are_refused(text: str, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words):
         decode_state(text, where="store:key")
+
+
+def test_a_version_1_state_reads_and_is_written_back_at_the_current_version() -> None:
+    """Version 2 added ``retry_end`` and ``ahead_since``: a version-1 state has neither; once written back
+    at version 2, a member of the older version refuses it instead of dropping them."""
+    state = balanced_start(2, ("a",))
+    raw = json.loads(encode_state(state))
+    raw["schema_version"] = 1
+    for shard in raw["shards"].values():
+        del shard["retry_end"], shard["ahead_since"]
+    old = decode_state(json.dumps(raw), where="t")
+    assert old.schema_version == protocol.state.SCHEMA_VERSION == 2
+    assert old.shards == state.shards

@@ -93,10 +93,12 @@ def test_commit_with_wrong_start_is_refused() -> None:
 
 def test_failures_retry_the_same_offsets_then_park() -> None:
     policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, max_attempts=2, max_records_per_run=100)
-    state, (first,) = protocol.plan(one_shard(policy), "a", 5.0, marks(one_shard()), policy)
+    state, (first,) = protocol.plan(one_shard(policy), "a", 5.0, {"s0": Watermark(low=0, high=40)}, policy)
+    assert (first.start, first.end) == (0, 40)
     state, outcome = protocol.fail(state, report(first), "boom", 6.0, policy)
     assert outcome is FailOutcome.RETRY
     assert protocol.fail(state, report(first), "boom", 6.0, policy) == (state, FailOutcome.IGNORED)
+    # the backlog grew meanwhile: the retry still reads exactly the failed range
     state, (second,) = protocol.plan(state, "a", 7.0, marks(state), policy)
     assert (second.start, second.end, second.attempt) == (first.start, first.end, 1)
     assert second.run_key != first.run_key
@@ -105,10 +107,57 @@ def test_failures_retry_the_same_offsets_then_park() -> None:
     assert state.events[-1].kind is EventKind.PARKED and "boom again" in state.events[-1].detail
     assert protocol.plan(state, "a", 9.0, marks(state), policy)[1] == []
     resumed = protocol.unpark(state, "s0", 10.0)
-    _, (third,) = protocol.plan(resumed, "a", 11.0, marks(resumed), policy)
-    assert (third.start, third.attempt) == (first.start, 0)
+    resumed, (third,) = protocol.plan(resumed, "a", 11.0, marks(resumed), policy)
+    assert (third.start, third.end, third.attempt) == (first.start, first.end, 0)
+    # a new epoch: the orchestrator keeps the run keys of the range's earlier attempts for good
+    assert third.epoch == first.epoch + 1
+    done, outcome = protocol.commit(resumed, report(third))
+    assert outcome.accepted and done.shards["s0"].retry_end is None
+    _, (fourth,) = protocol.plan(done, "a", 12.0, marks(done), policy)
+    assert (fourth.start, fourth.end) == (40, 140)
     skipped = protocol.unpark(state, "s0", 10.0, skip=True)
     assert skipped.shards["s0"].committed == first.end and skipped.events[-1].kind is EventKind.DEAD_LETTER
+    _, (after_skip,) = protocol.plan(skipped, "a", 11.0, marks(skipped), policy)
+    assert (after_skip.start, after_skip.end) == (40, 140)
+
+
+def test_retention_loss_inside_a_failed_range_retries_what_is_left() -> None:
+    policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, on_data_loss="earliest", max_records_per_run=100)
+    state, (first,) = protocol.plan(one_shard(policy), "a", 5.0, {"s0": Watermark(low=0, high=50)}, policy)
+    state, _ = protocol.fail(state, report(first), "boom", 6.0, policy)
+    _, (retry,) = protocol.plan(state, "a", 7.0, {"s0": Watermark(low=20, high=500)}, policy)
+    assert (retry.start, retry.end) == (20, 50)
+    _, (past,) = protocol.plan(state, "a", 7.0, {"s0": Watermark(low=80, high=500)}, policy)
+    assert (past.start, past.end) == (80, 180)
+
+
+def test_only_the_run_in_flight_may_report_a_failure() -> None:
+    """A stale run of the same range (same protocol run key, earlier epoch or another member) must not
+    clear its successor's in-flight record: that would start a second concurrent run of the range."""
+    state, (launch,) = protocol.plan(one_shard(), "a", 5.0, marks(one_shard()), POLICY)
+    for stale in (
+        report(launch).model_copy(update={"epoch": launch.epoch - 1}),
+        report(launch).model_copy(update={"member_id": "z"}),
+    ):
+        assert protocol.fail(state, stale, "stale", 6.0, POLICY) == (state, FailOutcome.IGNORED)
+    assert protocol.fail(state, report(launch), "boom", 6.0, POLICY)[1] is FailOutcome.RETRY
+
+
+def test_committed_offset_past_the_high_watermark_waits_then_parks() -> None:
+    state, (launch,) = protocol.plan(one_shard(), "a", 5.0, {"s0": Watermark(low=0, high=100)}, POLICY)
+    state, _ = protocol.commit(state, report(launch))
+    recreated = {"s0": Watermark(low=0, high=30)}
+    state, launches = protocol.plan(state, "a", 10.0, recreated, POLICY)
+    assert launches == [] and state.shards["s0"].parked is None and state.shards["s0"].ahead_since == 10.0
+    # a high watermark that catches up within a session timeout (a Kafka leader change) clears it
+    caught_up, (next_launch,) = protocol.plan(state, "a", 15.0, {"s0": Watermark(low=0, high=150)}, POLICY)
+    assert caught_up.shards["s0"].ahead_since is None and (next_launch.start, next_launch.end) == (100, 150)
+    state, launches = protocol.plan(state, "a", 10.0 + POLICY.session_timeout_s, recreated, POLICY)
+    shard = state.shards["s0"]
+    assert launches == [] and shard.parked is not None and shard.committed == 100
+    event = state.events[-1]
+    assert event.kind is EventKind.OFFSETS_AHEAD and (event.start, event.end) == (30, 100)
+    assert "recreated or truncated" in event.detail
 
 
 def test_dead_letter_moves_on_and_records_the_range() -> None:
