@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -143,11 +143,18 @@ class GroupMember:
     def key(self) -> str:
         return state_key(self.backend.stream_id, self.group)
 
-    def _fetch_watermarks(self, shard_ids: Sequence[str]) -> dict[str, Watermark]:
+    def _fetch_watermarks(self, state: GroupState) -> dict[str, Watermark]:
+        """Watermarks of the shards ``plan`` may launch; for a shard not positioned yet, also the group's
+        offset as the stream records it. Fetched once per tick, whatever the CAS retries."""
+        shard_ids = protocol.owned_idle_shards(state, self.member_id)
         missing = [s for s in shard_ids if s not in self._watermarks]
         if missing:
+            unpositioned = [s for s in missing if state.shards[s].committed is None]
+            in_stream = self.backend.committed(self.group, unpositioned) if unpositioned else {}
             for shard_id, mark in self.backend.watermarks(missing).items():
-                self._watermarks[shard_id] = Watermark(low=mark.low, high=mark.high)
+                self._watermarks[shard_id] = Watermark(
+                    low=mark.low, high=mark.high, group_committed=in_stream.get(shard_id)
+                )
         return {s: self._watermarks[s] for s in shard_ids if s in self._watermarks}
 
     def tick(self) -> TickReport:
@@ -160,7 +167,7 @@ class GroupMember:
             base = current if current is not None else protocol.new_group(self.backend.stream_id, self.group, now)
             before["state"] = current
             state = protocol.membership_step(base, self.member_id, now, self.policy, shard_ids)
-            marks = self._fetch_watermarks(protocol.owned_idle_shards(state, self.member_id))
+            marks = self._fetch_watermarks(state)
             return protocol.plan(state, self.member_id, now, marks, self.policy)
 
         launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)

@@ -6,7 +6,7 @@ materialization always names a committed range. A run without a member's tags (a
 range and commits nothing.
 """
 
-
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,7 +63,7 @@ def stream_asset(
             key=asset_key,
             partitions_def=partitions,
             required_resource_keys={resource_key, spark_resource_key},
-            check_specs=check_specs(asset_key, 0),
+            check_specs=check_specs(asset_key),
             metadata={
                 sgt.TAG_GROUP: group,
                 sgt.PREFIX + "resource_key": resource_key,
@@ -100,6 +100,7 @@ def run_range(
     mode = "backfill (nothing is committed)" if report is None else f"member {report.member_id} epoch {report.epoch}"
     context.log.info(f"{resource.group}: {shard} [{start}, {end}) as {mode}")
 
+    df: Any = None
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
@@ -109,13 +110,18 @@ def run_range(
         t1 = time.monotonic()
         extra = fn(context, df) or {}
         process_s = time.monotonic() - t1
-        df.unpersist()
     except Exception as exc:
         if member is not None and report is not None:
             reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
             failed = member.fail(report, reason)
             context.log.error(f"{shard} [{start}, {end}) failed ({failed.value}): {reason}")
         raise
+    finally:
+        # Failed runs too: a shared Spark Connect server would otherwise keep their cached ranges. A session
+        # too broken to unpersist has lost its cache anyway, and the run's own error is the one to report.
+        if df is not None:
+            with contextlib.suppress(Exception):
+                df.unpersist()
 
     metadata: dict[str, dg.RawMetadataValue] = {
         "group": dg.MetadataValue.text(resource.group),

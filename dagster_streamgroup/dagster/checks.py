@@ -15,18 +15,21 @@ LAG_CHECK = "lag_below_limit"
 PARKED_CHECK = "no_parked_ranges"
 
 
-def check_specs(asset_key: dg.AssetKey, lag_limit: int) -> list[dg.AssetCheckSpec]:
+def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
+    """The limit lives on the group resource, which the asset does not know when it is declared."""
     return [
         dg.AssetCheckSpec(
             LAG_CHECK,
             asset=asset_key,
-            description=f"The shard this run committed is at most {lag_limit} records behind the stream.",
+            description="The shard this run committed is at most `lag_alert_records` (a field of the group "
+            "resource) records behind the stream; each result's metadata gives the lag and the limit.",
         ),
         dg.AssetCheckSpec(
             PARKED_CHECK,
             asset=asset_key,
-            description="No shard of the group is parked after exhausting its retries, and no range was "
-            "dead-lettered (skipped). Unpark with `streamgroup unpark`.",
+            description="No shard of the group is parked (retries exhausted, offsets lost to retention, or a "
+            "committed offset past the stream's end), and no range was dead-lettered (skipped). Unpark with "
+            "`streamgroup unpark`.",
         ),
     ]
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
-from dagster_streamgroup.stores.base import StateStore, state_key
-from dagster_streamgroup.stores.factory import open_store
+from dagster_streamgroup.stores.base import StateStore, StoreConfigError, state_key
+from dagster_streamgroup.stores.factory import check_store_url, open_store
 from dagster_streamgroup.streams.base import StreamBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamConfig, check_group
@@ -113,7 +113,20 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
         self.policy()
+        if isinstance(self.store_url, str):  # an EnvVar is checked when it resolves, at the first open
+            self._check_store_url(self.store_url)
         return self
+
+    def _check_store_url(self, url: str) -> None:
+        if url == STORE_NEXT_TO_STREAM:
+            raise StreamGroupConfigError(
+                f"store_url: {url!r} keeps the state next to a v3io stream; {type(self).__name__} has none "
+                "(use sqlite:///PATH or postgresql://...)"
+            )
+        try:
+            check_store_url(url)
+        except StoreConfigError as exc:
+            raise StreamGroupConfigError(str(exc)) from None
 
     def policy(self) -> GroupPolicy:
         try:
@@ -250,6 +263,10 @@ class V3ioStreamGroup(StreamGroupResource):
 
         config = self.stream_config()
         return _cached(_backends, self._cache_key(config), lambda: V3ioBackend(config))
+
+    def _check_store_url(self, url: str) -> None:
+        if url != STORE_NEXT_TO_STREAM:
+            super()._check_store_url(url)
 
     def store(self) -> StateStore:
         if self.resolved_store_url() != STORE_NEXT_TO_STREAM:

@@ -29,6 +29,11 @@ class Watermark(BaseModel):
     model_config = ConfigDict(frozen=True)
     low: int
     high: int
+    group_committed: int | None = None
+    """The group's offset as the stream itself records it (Kafka's group offsets, the v3io shard attribute),
+    given for a shard not positioned yet: a group whose state was lost or moved (a new store, a changed
+    bootstrap list) resumes where the stream says it was, like a Kafka consumer, and only a group the stream
+    has never seen follows the seek policy."""
 
 
 class Launch(BaseModel):
@@ -136,7 +141,10 @@ def _plan_shard(
     event: GroupEvent | None = None
     committed = shard.committed
     if committed is None:
-        committed = mark.low if (policy.seek == "earliest" or shard.late) else mark.high
+        if mark.group_committed is not None:
+            committed = mark.group_committed
+        else:
+            committed = mark.low if (policy.seek == "earliest" or shard.late) else mark.high
         shard = evolve(shard, committed=committed)
     if committed < mark.low:
         lost = f"offsets [{committed}, {mark.low}) fell out of retention before they were processed"

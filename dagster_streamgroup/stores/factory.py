@@ -44,14 +44,26 @@ SUPPORTED = (
 )
 
 
-def open_store(url: str, *, field: str = "store_url") -> StateStore:
-    """Open the store that ``url`` names. ``field`` is the configuration field the URL came from, so a bad
-    value is reported where the user can fix it."""
+def check_store_url(url: str, *, field: str = "store_url", shared: bool = True) -> None:
+    """Refuse at configuration time, without connecting, a URL no store opens. ``shared``: the store must be
+    seen by several processes (sensor ticks and every run), which ``memory://`` is not."""
     scheme, sep, _ = url.partition("://")
     opener = _OPENERS.get(scheme.lower()) if sep else None
     if opener is None:
         shown = safe_url(url) if sep else repr(url)
         raise StoreConfigError(f"{field}: {shown} is not a state store URL; supported: {'; '.join(SUPPORTED)}")
+    if shared and opener is _open_memory:
+        raise StoreConfigError(
+            f"{field}: memory:// keeps the state inside one process, but the sensors and every run are separate "
+            "processes that must share it; use sqlite:///PATH (one host) or postgresql://... (many hosts)"
+        )
+
+
+def open_store(url: str, *, field: str = "store_url") -> StateStore:
+    """Open the store that ``url`` names. ``field`` is the configuration field the URL came from, so a bad
+    value is reported where the user can fix it."""
+    check_store_url(url, field=field, shared=False)
+    opener = _OPENERS[url.partition("://")[0].lower()]
     try:
         return opener(url)
     except StoreConfigError as exc:

@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.schema import CreateTable
 
 from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
@@ -57,13 +57,32 @@ _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _POSTGRES_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg"}
 
 
+_UNREACHABLE = (OperationalError, InterfaceError)
+"""The database could not be reached or the connection broke (psycopg reports a closed connection as an
+InterfaceError): the store is unavailable, and the member retries on its next tick."""
+
+
 def safe_url(url: str | URL) -> str:
-    """The URL as it may appear in logs and errors: the password replaced by ``***``."""
-    try:
-        parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError:
-        return "<unparseable URL>"
-    return parsed.render_as_string(hide_password=True)
+    """The URL as it may appear in logs and errors: the password replaced by ``***``.
+
+    Split at the last ``@`` of the authority, not by URL parsing: a password holding an unencoded ``@`` is
+    cut there by parsers, which would show its tail as part of the host."""
+    if not isinstance(url, str):
+        return url.render_as_string(hide_password=True)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<unparseable URL>" if "@" in url else url
+    cut = len(rest)
+    for mark in "/?#":
+        at = rest.find(mark, rest.rfind("@") + 1) if "@" in rest else rest.find(mark)
+        if at != -1:
+            cut = min(cut, at)
+    authority, tail = rest[:cut], rest[cut:]
+    userinfo, at_sign, host = authority.rpartition("@")
+    if not at_sign:
+        return url
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}{tail}"
 
 
 def normalize_url(url: str) -> URL:
@@ -192,7 +211,7 @@ class SqlStateStore:
         try:
             with self._engine.connect() as conn:
                 row = conn.execute(select(t.c.version, t.c.body).where(t.c.key == key)).one_or_none()
-        except OperationalError as exc:
+        except _UNREACHABLE as exc:
             raise self._unavailable(f"load {key!r}", exc) from exc
         if row is None:
             return None, None
@@ -204,7 +223,7 @@ class SqlStateStore:
             if token is None:
                 return self._create(key, state, body)
             return self._update(key, state, body, _parse_token(token))
-        except OperationalError as exc:
+        except _UNREACHABLE as exc:
             raise self._unavailable(f"save {key!r}", exc) from exc
 
     def _create(self, key: str, state: GroupState, body: str) -> bool:
@@ -266,7 +285,7 @@ class SqlStateStore:
         try:
             with self._engine.connect() as conn:
                 value = conn.execute(select(func.extract("epoch", func.clock_timestamp()))).scalar_one()
-        except OperationalError as exc:
+        except _UNREACHABLE as exc:
             raise self._unavailable("read its clock", exc) from exc
         return float(value)
 

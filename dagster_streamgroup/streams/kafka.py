@@ -397,8 +397,10 @@ class KafkaBackend:
 
     @property
     def stream_id(self) -> str:
-        servers = ",".join(sorted(s.lower() for s in self.config.bootstrap_servers.split(",")))
-        return f"kafka://{servers}/{','.join(self.config.topics)}"
+        """Keys the group state: the cluster address and the topic set, in no particular order. A changed
+        bootstrap list keys a new state, whose shards start at the offsets mirrored into Kafka's group."""
+        servers = ",".join(sorted(s.strip().lower() for s in self.config.bootstrap_servers.split(",")))
+        return f"kafka://{servers}/{','.join(sorted(self.config.topics))}"
 
     @property
     def arrow_schema(self) -> pa.Schema:

@@ -79,6 +79,9 @@ def kafka_group(**overrides: object) -> KafkaStreamGroup:
         ({"security_protocol": "SASL_SSL"}, "sasl_mechanism"),
         ({"properties": {"sasl.password": "x"}}, "properties"),
         ({"group": " "}, "group"),
+        ({"store_url": "mysql://u:p@db/x"}, "store_url: mysql://u:***@db/x is not a state store URL"),
+        ({"store_url": "v3io"}, "store_url: 'v3io' keeps the state next to a v3io stream"),
+        ({"store_url": "memory://"}, "store_url: memory:// keeps the state inside one process"),
     ],
 )
 def test_config_errors_name_the_field(overrides: dict[str, object], field: str) -> None:

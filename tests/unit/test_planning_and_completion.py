@@ -20,6 +20,18 @@ def test_plan_positions_by_seek_policy_and_bounds_the_range() -> None:
     assert launches == [] and state.shards["s0"].committed == 1000
 
 
+def test_a_shard_not_positioned_yet_starts_at_the_offset_the_stream_records() -> None:
+    """A group whose state was lost resumes where the stream's own group record says, whatever the seek
+    policy; once positioned, that record is never consulted again (it lags the state: it is a mirror)."""
+    latest = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, seek="latest", max_records_per_run=100)
+    mark = Watermark(low=10, high=1000, group_committed=400)
+    state, (launch,) = protocol.plan(one_shard(latest), "a", 5.0, {"s0": mark}, latest)
+    assert (launch.start, launch.end) == (400, 500)
+    state, _ = protocol.commit(state, report(launch))
+    _, (following,) = protocol.plan(state, "a", 6.0, {"s0": mark}, latest)
+    assert following.start == 500
+
+
 def test_late_shards_start_at_earliest_even_under_latest() -> None:
     latest = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, seek="latest")
     state = protocol.sync_shards(one_shard(latest), ["s9"], 9.0)

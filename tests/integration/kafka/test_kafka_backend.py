@@ -11,6 +11,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
+from dagster_streamgroup.member import GroupMember
+from dagster_streamgroup.protocol import GroupPolicy
+from dagster_streamgroup.stores.memory import MemoryStore
 from dagster_streamgroup.streams.base import CommitRejectedError, OffsetOutOfRangeError, StreamError
 from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA, KafkaBackend, PartitionRange, read_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
@@ -172,6 +175,24 @@ def test_commits_are_visible_to_kafka_lag_tools(kafka_bootstrap: str, kafka_topi
     finally:
         consumer.close()
     assert [tp.offset for tp in seen] == [4, 0]
+
+
+def test_a_group_whose_state_was_lost_resumes_at_its_kafka_offsets(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """A new state store (or a changed bootstrap list, which keys a new state) does not reprocess the topic
+    from the start nor skip its backlog: the shards start at the offsets mirrored into Kafka's group."""
+    topic = kafka_topics(2)
+    ends = produce_sample(kafka_bootstrap, topic, 2, 400)
+    group = unique_name("g")
+    backend = _backend(kafka_bootstrap, topic)
+    backend.commit(group, {f"{topic}:0": 150})  # partition 1: nothing committed in Kafka
+    policy = GroupPolicy(join_grace_s=0, max_records_per_run=1000, seek="latest")
+    member = GroupMember(MemoryStore(time.time), backend, group, "m", policy)
+    starts = {launch.shard: (launch.start, launch.end) for launch in member.tick().new_launches}
+    assert starts == {f"{topic}:0": (150, ends[0])}  # partition 1 follows the seek policy: latest, no backlog
+    state = member.load()
+    assert state is not None and state.shards[f"{topic}:1"].committed == ends[1]
 
 
 def test_a_commit_into_a_group_with_live_subscribers_is_rejected(

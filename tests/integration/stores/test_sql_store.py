@@ -20,6 +20,7 @@ from dagster_streamgroup.stores.sql import (
     SqlStateStore,
     StoreConfigError,
     StoreUnavailableError,
+    safe_url,
     state_table,
 )
 
@@ -97,9 +98,7 @@ def test_a_matching_token_on_an_unreadable_row_raises_instead_of_writing(
                 store.save_if(key, _state(), "1")
             engine = create_engine(url)
             with engine.connect() as conn:
-                row = conn.execute(
-                    text(f"SELECT version, body FROM {DEFAULT_TABLE} WHERE key = :k"), {"k": key}
-                ).one()
+                row = conn.execute(text(f"SELECT version, body FROM {DEFAULT_TABLE} WHERE key = :k"), {"k": key}).one()
             engine.dispose()
             assert (row.version, row.body) == (1, body)
     finally:
@@ -183,3 +182,16 @@ def test_many_members_creating_the_table_at_once_all_succeed(postgres_url: str) 
     finally:
         for s in stores:
             s.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:p@ss@db:5432/x", "postgresql://u:***@db:5432/x"),  # an unencoded @ in the password
+        ("postgresql://u:pa/ss@db/x?sslmode=require", "postgresql://u:***@db/x?sslmode=require"),
+        ("postgresql://u@db/x", "postgresql://u@db/x"),
+        ("sqlite:////var/state/group.db", "sqlite:////var/state/group.db"),
+    ],
+)
+def test_safe_url_hides_every_part_of_the_password(url: str, shown: str) -> None:
+    assert safe_url(url) == shown
