@@ -255,7 +255,9 @@ class V3ioStreamGroup(StreamGroupResource):
         return self._connection_config(V3ioStreamConfig, "v3io")
 
     def _cache_key(self, config: V3ioStreamConfig) -> str:
-        key = config.access_key.get_secret_value() if config.access_key is not None else ""
+        """The key as resolved now (inline, mounted file or environment): a rotated key gets new clients
+        instead of the long-lived code server keeping the old one."""
+        key = config.resolve_access_key()
         return config.model_dump_json() + hashlib.sha256(key.encode()).hexdigest()
 
     def backend(self) -> StreamBackend:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 import pytest
 from pydantic import ValidationError
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupConfigError, StreamSparkResource
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupConfigError, StreamSparkResource, V3ioStreamGroup
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.protocol import Launch
 
@@ -119,3 +121,16 @@ def test_spark_resource_targets() -> None:
     assert remote.effective_config() == {"spark.remote": "sc://127.0.0.1:15002"}
     with pytest.raises(ValidationError, match="remote"):
         StreamSparkResource(remote="http://x")
+
+
+def test_a_rotated_v3io_key_file_gets_new_clients(tmp_path: Path) -> None:
+    """The code server lives long; clients built with the old key must not outlive a rotation."""
+    key_file = tmp_path / "access-key"
+    key_file.write_text("first-key")
+    resource = V3ioStreamGroup(
+        group="g", endpoint="http://127.0.0.1:1", container="c", stream_path="s", access_key_file=str(key_file)
+    )
+    before = resource.backend()
+    assert resource.backend() is before
+    key_file.write_text("rotated-key")
+    assert resource.backend() is not before
