@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import runpy
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -32,6 +33,10 @@ class OperatorError(Exception):
 def load_definitions(path: Path) -> dg.Definitions:
     if not path.is_file():
         raise OperatorError(f"--definitions: {path} does not exist")
+    # As `dagster dev -f` does: the file's own directory is importable, for the project's packages beside it.
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     namespace = runpy.run_path(str(path), run_name="__streamgroup_cli__")
     found = [v for v in namespace.values() if isinstance(v, dg.Definitions)]
     if len(found) != 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import time
 from pathlib import Path
 
@@ -146,3 +147,17 @@ def test_backfill_errors_name_the_option(
     result = CliRunner().invoke(main, base + args)
     assert result.exit_code != 0
     assert message in result.output
+
+
+def test_definitions_import_the_packages_beside_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As with `dagster dev -f`, a project's definitions file may import its own packages from its directory,
+    wherever the CLI is started."""
+    package = tmp_path / "project_helpers_for_cli"
+    package.mkdir()
+    (package / "__init__.py").write_text("GROUP = 'beside'\n")
+    definitions = tmp_path / "definitions.py"
+    definitions.write_text("import dagster as dg\nimport project_helpers_for_cli\ndefs = dg.Definitions()\n")
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    result = CliRunner().invoke(main, ["status", "--group", "beside", "--definitions", str(definitions)])
+    assert "no group 'beside' in these definitions" in result.output, result.output
