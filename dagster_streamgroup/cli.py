@@ -12,7 +12,24 @@ if TYPE_CHECKING:
     from dagster_streamgroup.dagster.operator import GroupHandle
 
 
-@click.group()
+class _Commands(click.Group):
+    """The project's own errors (stream, store, state, configuration) end a command with their message, not a
+    traceback: they already say what failed and what to change."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        from pydantic import ValidationError
+
+        from dagster_streamgroup.protocol.codec import StateFormatError
+        from dagster_streamgroup.stores.base import StoreConfigError, StoreUnavailableError
+        from dagster_streamgroup.streams.base import StreamError
+
+        try:
+            return super().invoke(ctx)
+        except (StreamError, StoreUnavailableError, StoreConfigError, StateFormatError, ValidationError) as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """dagster-streamgroup: Dagster sensors as members of a stream consumer group."""
 
@@ -213,7 +230,12 @@ def backfill(
     dry_run: bool,
 ) -> None:
     """Re-process offsets of one shard as a Dagster backfill (shown in the UI); committed offsets do not move."""
-    from dagster_streamgroup.dagster.operator import OperatorError, chunk_ranges, launch_backfill
+    from dagster_streamgroup.dagster.operator import (
+        OperatorError,
+        check_backfill_range,
+        chunk_ranges,
+        launch_backfill,
+    )
 
     if (start is None) == (since is None) or (end is None) == (until is None):
         raise click.UsageError(
@@ -227,7 +249,9 @@ def backfill(
         if until is not None:
             end = backend.offset_for_time(shard, _timestamp_ms(until, "--until"))
         assert start is not None and end is not None
-        ranges = chunk_ranges(start, end, chunk or handle.resource.max_records_per_run)
+        options = ("--since" if since is not None else "--from", "--until" if until is not None else "--to")
+        check_backfill_range(handle, shard, start, end, options)
+        ranges = chunk_ranges(start, end, chunk if chunk is not None else handle.resource.max_records_per_run)
         if dry_run:
             for s, e in ranges:
                 click.echo(f"{shard} [{s}, {e})")

@@ -195,6 +195,30 @@ class DagsterGraphQL:
         return str(result["backfillId"])
 
 
+def check_backfill_range(
+    handle: GroupHandle, shard: str, start: int, end: int, options: tuple[str, str] = ("--from", "--to")
+) -> None:
+    """A backfill reads records that exist: a range past the high watermark would make its run wait out the
+    stall timeout, holding the shard's one-run slot against live consumption; one below the low watermark
+    was already lost to retention. ``options`` name where the offsets came from, for the message."""
+    if start < 0 or end <= start:
+        raise OperatorError(f"{options[0]}/{options[1]}: need 0 <= from < to, got offsets [{start}, {end})")
+    backend = handle.resource.backend()
+    shards = backend.shards()
+    if shard not in shards:
+        raise OperatorError(f"--shard: {shard} is not a shard of the stream (shards: {', '.join(shards[:8])} ...)")
+    mark = backend.watermarks([shard])[shard]
+    if end > mark.high:
+        raise OperatorError(
+            f"{options[1]}: the range ends at offset {end}, past the end of {shard} (high watermark {mark.high}); "
+            f"end at {mark.high} at most"
+        )
+    if start < mark.low:
+        raise OperatorError(
+            f"{options[0]}: offset {start} of {shard} is out of retention (the earliest offset is {mark.low})"
+        )
+
+
 def launch_backfill(
     handle: GroupHandle, shard: str, ranges: Sequence[tuple[int, int]], dagster_url: str
 ) -> tuple[str, list[str]]:
@@ -204,9 +228,6 @@ def launch_backfill(
             f"--group: expected one stream asset of group {handle.resource.group!r}, found {len(handle.assets)}"
         )
     asset = handle.assets[0]
-    shards = handle.resource.backend().shards()
-    if shard not in shards:
-        raise OperatorError(f"--shard: {shard} is not a shard of the stream (shards: {', '.join(shards[:8])} ...)")
     keys = [sgt.range_partition_key(shard, s, e) for s, e in ranges]
     client = DagsterGraphQL(dagster_url)
     location, repository = client.location_of(asset.key)

@@ -133,20 +133,49 @@ def test_backfill_by_time_uses_offset_for_time(
         (["--shard", "x:0", "--from", "5", "--to", "1"], "--from/--to"),
         (["--shard", "x:0", "--from", "5"], "--to OFFSET or --until TIME"),
         (["--shard", "x:0", "--since", "yesterday", "--to", "3"], "neither epoch milliseconds nor an ISO 8601"),
+        (["--shard", "x:0", "--from", "0", "--to", "3"], "--shard: x:0 is not a shard of the stream"),
+        (["--shard", "{topic}:0", "--from", "0", "--to", "500"], "--to: the range ends at offset 500, past the end"),
+        (["--shard", "{topic}:0", "--from", "0", "--to", "5", "--chunk", "0"], "--chunk: must be >= 1"),
     ],
 )
 def test_backfill_errors_name_the_option(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, args: list[str], message: str
 ) -> None:
     topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 100)
     group = group_name()
     definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
     base = ["backfill", "--definitions", str(definitions), "--dry-run"]
     if "--group" not in args:
         base += ["--group", group]
-    result = CliRunner().invoke(main, base + args)
+    result = CliRunner().invoke(main, base + [arg.format(topic=topic) for arg in args])
     assert result.exit_code != 0
     assert message in result.output
+
+
+def test_stream_errors_end_the_command_with_their_message(tmp_path: Path) -> None:
+    """No traceback: the stream's error already says what failed."""
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, "127.0.0.1:1", "clicks")
+    result = CliRunner().invoke(
+        main,
+        [
+            "backfill",
+            "--group",
+            group,
+            "--definitions",
+            str(definitions),
+            "--shard",
+            "clicks:0",
+            "--from",
+            "0",
+            "--to",
+            "5",
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith("Error: "), result.output
 
 
 def test_definitions_import_the_packages_beside_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
