@@ -120,7 +120,7 @@ def evaluate_member_tick(
         notes += _leave_stopped_peers(resource, instance, before, member_id, peers, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
     report = member.tick()
-    launches = report.inflight
+    launches = _not_launched_yet(instance, report.inflight, member_id)
     requests = [
         dg.RunRequest(
             run_key=sgt.dagster_run_key(launch),
@@ -206,6 +206,18 @@ def _leave_stopped_peers(
         if left:
             notes.append(f"{peer} is stopped in Dagster and left the group")
     return notes
+
+
+def _not_launched_yet(instance: dg.DagsterInstance | None, launches: Sequence[Launch], member_id: str) -> list[Launch]:
+    """The ranges in flight whose run does not exist yet. Every range in flight is requested until its run
+    exists (a tick may have recorded it and died before Dagster launched it); requesting it again after that
+    would only make the daemon skip it as a duplicate run key, on every tick while it runs."""
+    if instance is None or not launches:
+        return list(launches)
+    keys = [sgt.dagster_run_key(launch) for launch in launches]
+    records = instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys, sgt.TAG_MEMBER: member_id}))
+    existing = {record.dagster_run.tags.get("dagster/run_key") for record in records}
+    return [launch for launch, key in zip(launches, keys, strict=True) if key not in existing]
 
 
 def _settle_ended_runs(

@@ -44,12 +44,25 @@ def test_members_claim_all_shards_and_request_bounded_ranges(
         assert added and sorted(added[0].partition_keys or []) == sorted(r.partition_key for r in by_shard.values())
         instance.add_dynamic_partitions(sgt.partitions_def_name(group), list(added[0].partition_keys or []))
 
-        # The same ranges are requested again (Dagster's run key dedupes them); no partition is added twice.
+        # Ranges whose run does not exist yet are requested again (a tick may have died before Dagster
+        # launched them); no partition is added twice.
         again = first.tick()
         assert sorted(r.run_key or "" for r in again.run_requests or []) == sorted(
             r.run_key or "" for r in by_shard.values()
         )
         assert not again.dynamic_partitions_requests
+        # Once a range's run exists, it is not requested again (the daemon would only skip it as a duplicate).
+        launched = by_shard[f"{topic}:0"]
+        assert launched.tags is not None
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.STARTED,
+            tags={**launched.tags, "dagster/run_key": launched.run_key or ""},
+        )
+        rest = first.tick()
+        assert sorted(r.tags["streamgroup/shard"] for r in rest.run_requests or [] if r.tags) == [
+            f"{topic}:{p}" for p in range(1, 4)
+        ]
 
         # A second member joins: shards with a range in flight stay put until the range ends.
         joined = second.tick()
