@@ -57,12 +57,13 @@ def default_store_url() -> str:
     return f"sqlite:///{(base / STORE_FILE).resolve()}"
 
 
-def describe_validation_error(prefix: str, exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError) -> str:
     """A pydantic error as one line per field, without the input values (they may hold secrets)."""
     parts = []
     for err in exc.errors(include_input=False, include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or prefix
-        parts.append(f"{where}: {err['msg']}")
+        message = err["msg"].removeprefix("Value error, ")  # pydantic adds it again when this is re-raised
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {message}" if where else message)  # a check across fields names them itself
     return "; ".join(parts)
 
 
@@ -132,7 +133,7 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         try:
             return GroupPolicy(**{name: getattr(self, name) for name in _POLICY_FIELDS})
         except ValidationError as exc:
-            raise StreamGroupConfigError(describe_validation_error("policy", exc)) from None
+            raise StreamGroupConfigError(describe_validation_error(exc)) from None
 
     def resolved_store_url(self) -> str:
         return self.store_url or default_store_url()
@@ -144,7 +145,7 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     def backend(self) -> StreamBackend:
         raise NotImplementedError
 
-    def _connection_config(self, model: type[C], label: str) -> C:
+    def _connection_config(self, model: type[C]) -> C:
         """The stream's connection model built from this resource's fields of the same names."""
         values: dict[str, Any] = {}
         for name in model.model_fields:
@@ -156,7 +157,7 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         try:
             return model(**values)
         except ValidationError as exc:
-            raise StreamGroupConfigError(describe_validation_error(label, exc)) from None
+            raise StreamGroupConfigError(describe_validation_error(exc)) from None
 
     def member(self, member_id: str) -> GroupMember:
         return GroupMember(self.store(), self.backend(), self.group, member_id, self.policy())
@@ -206,7 +207,7 @@ class KafkaStreamGroup(StreamGroupResource):
         return self
 
     def stream_config(self) -> KafkaStreamConfig:
-        return self._connection_config(KafkaStreamConfig, "kafka")
+        return self._connection_config(KafkaStreamConfig)
 
     def backend(self) -> StreamBackend:
         from dagster_streamgroup.streams.kafka import KafkaBackend
@@ -252,7 +253,7 @@ class V3ioStreamGroup(StreamGroupResource):
         return self
 
     def stream_config(self) -> V3ioStreamConfig:
-        return self._connection_config(V3ioStreamConfig, "v3io")
+        return self._connection_config(V3ioStreamConfig)
 
     def _cache_key(self, config: V3ioStreamConfig) -> str:
         """The key as resolved now (inline, mounted file or environment): a rotated key gets new clients
