@@ -18,6 +18,9 @@ from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, pa
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.streams.base import StreamError
 
+PARENT_RUN_ID_TAG = "dagster/parent_run_id"
+"""Set by Dagster on a re-execution and on its automatic run retries, with the parent run's tags copied."""
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -96,6 +99,18 @@ def run_range(
 ) -> dg.MaterializeResult[Any]:
     shard, start, end = sgt.parse_range_partition_key(context.partition_key)
     report = sgt.report_from_tags(context.run.tags, shard, start, end)
+    parent_run_id = context.run.parent_run_id or context.run.tags.get(PARENT_RUN_ID_TAG)
+    if report is not None and parent_run_id is not None:
+        # Re-execution and Dagster's run retries copy the range tags of the parent run. The group retries a
+        # failed range itself, as a new attempt from its sensor, and only that run may commit: a copy would
+        # process the range again and then have its commit refused.
+        raise dg.Failure(
+            description=f"run {context.run_id} re-executes range run {parent_run_id} "
+            f"({shard} [{start}, {end}), attempt {context.run.tags.get(sgt.TAG_ATTEMPT, '?')}). The group retries "
+            "failed ranges itself, as new attempts launched by its member sensors, and only those runs commit. "
+            "To re-process the range without moving offsets, backfill it (`streamgroup backfill` or a UI "
+            "backfill over the range partition)."
+        )
     member = resource.member(report.member_id) if report is not None else None
     mode = "backfill (nothing is committed)" if report is None else f"member {report.member_id} epoch {report.epoch}"
     context.log.info(f"{resource.group}: {shard} [{start}, {end}) as {mode}")

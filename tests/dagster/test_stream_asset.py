@@ -112,6 +112,16 @@ def test_a_failing_function_is_retried_with_the_same_offsets(
         assert state.shards[shard].inflight is None and state.shards[shard].attempt == 1
         assert state.shards[shard].committed == 0
 
+        # Re-executing the failed run (or a Dagster run retry: both copy its range tags) neither processes
+        # the range nor reports anything: the group's own retry is the attempt that may commit.
+        copy = run(asset, instance, resource, spark, first, **{"dagster/parent_run_id": failed.run_id})
+        assert not copy.success
+        failure = copy.failure_data_for_node(copy.job_def.nodes[0].name)
+        assert failure is not None and failure.user_failure_data is not None
+        assert f"re-executes range run {failed.run_id}" in (failure.user_failure_data.description or "")
+        assert seen == []
+        assert resource.member("reader").load() == state
+
         retry = driver.requests()[shard]
         assert retry.partition_key == first.partition_key and retry.run_key != first.run_key
         assert run(asset, instance, resource, spark, retry).success
