@@ -188,8 +188,22 @@ def assert_exactly_once(materializations: list[dict[str, Any]], marks: dict[str,
         assert position == marks[shard].high, f"{shard}: covered up to {position}, high watermark {marks[shard].high}"
 
 
+IN_PROGRESS = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+
+
+def ended_runs(dev: DagsterDev, timeout_s: float = 180.0) -> list[dict[str, Any]]:
+    """Every run, once none is in progress. The offsets reach the high watermarks inside the last run, at
+    its commit, a few seconds before that run ends (its events, Spark's stop)."""
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs = dev.runs()
+        return None if any(r["status"] in IN_PROGRESS for r in runs) else runs
+
+    return wait_for("every run to end", ended, timeout_s, 2.0)
+
+
 def assert_runs_succeeded(dev: DagsterDev, allowed_failures: Collection[str] = frozenset()) -> list[dict[str, Any]]:
-    runs = dev.runs()
+    runs = ended_runs(dev)
     bad = [(r["runId"], r["status"]) for r in runs if r["status"] != "SUCCESS" and r["runId"] not in allowed_failures]
     assert not bad, bad
     return runs
@@ -319,7 +333,7 @@ def test_example_under_dagster_dev(example_stream: ExampleStream, work_dir: Path
         assert not producer.is_alive()
         marks = wait_for("progress after the restart", lambda: committed_at_high(resource), DRAIN_TIMEOUT_S, 5.0)
         assert_all_produced(stream, marks)
-        runs = dev.runs()
+        runs = ended_runs(dev)
         failed = {r["runId"]: r["status"] for r in runs if r["status"] != "SUCCESS"}
         print(f"runs: {len(runs)} ({len(before_kill)} before the kill); not successful: {failed}")
         print(f"{stream.written} records in {time.monotonic() - started:.0f} s", flush=True)
