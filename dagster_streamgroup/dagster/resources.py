@@ -12,6 +12,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -67,6 +68,10 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_env_var_fields: ContextVar[frozenset[str]] = ContextVar("_env_var_fields", default=frozenset())
+"""Fields of the resource being validated that were given as ``dagster.EnvVar`` (validation is synchronous)."""
+
+
 class StreamGroupConfigError(ValueError):
     """A group resource's configuration is invalid; the message names the field."""
 
@@ -106,6 +111,18 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         default=1_000_000, description="The lag asset check fails when a shard is further behind than this."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _note_env_vars(cls, data: Any) -> Any:
+        # Pydantic hands the after-validators an EnvVar as a plain string (its name): remember which fields
+        # came as EnvVars, so they are checked when they resolve (in the tick or run), not by their name.
+        names = frozenset(k for k, v in data.items() if isinstance(v, dg.EnvVar)) if isinstance(data, dict) else None
+        _env_var_fields.set(names or frozenset())
+        return data
+
+    def _from_env_var(self, name: str) -> bool:
+        return name in _env_var_fields.get() or isinstance(getattr(self, name, None), dg.EnvVar)
+
     @model_validator(mode="after")
     def _check_group_fields(self) -> StreamGroupResource:
         if not self.group.strip():
@@ -114,7 +131,7 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
         self.policy()
-        if isinstance(self.store_url, str):  # an EnvVar is checked when it resolves, at the first open
+        if self.store_url is not None and not self._from_env_var("store_url"):
             self._check_store_url(self.store_url)
         return self
 
@@ -201,7 +218,7 @@ class KafkaStreamGroup(StreamGroupResource):
 
     @model_validator(mode="after")
     def _check_kafka_fields(self) -> KafkaStreamGroup:
-        deferred = [n for n in _KAFKA_FIELDS if n not in _SECRET_FIELDS and isinstance(getattr(self, n), dg.EnvVar)]
+        deferred = [n for n in _KAFKA_FIELDS if n not in _SECRET_FIELDS and self._from_env_var(n)]
         if not deferred:  # otherwise validated when the EnvVar is resolved, in the tick or run
             self.stream_config()
         return self
@@ -247,7 +264,7 @@ class V3ioStreamGroup(StreamGroupResource):
             check_group(self.group)
         except ValueError as exc:
             raise StreamGroupConfigError(str(exc)) from None
-        deferred = [n for n in _V3IO_FIELDS if n != "access_key" and isinstance(getattr(self, n), dg.EnvVar)]
+        deferred = [n for n in _V3IO_FIELDS if n != "access_key" and self._from_env_var(n)]
         if not deferred:
             self.stream_config()
         return self

@@ -134,3 +134,14 @@ def test_a_rotated_v3io_key_file_gets_new_clients(tmp_path: Path) -> None:
     assert resource.backend() is before
     key_file.write_text("rotated-key")
     assert resource.backend() is not before
+
+
+def test_fields_from_env_vars_are_checked_when_they_resolve() -> None:
+    """An EnvVar reaches the validators as its variable's name: checking that name would refuse every
+    deployment that passes, say, a PostgreSQL URL with its password the recommended way."""
+    resource = kafka_group(
+        store_url=dg.EnvVar("STREAMGROUP_TEST_STATE_URL"), bootstrap_servers=dg.EnvVar("STREAMGROUP_TEST_BOOTSTRAP")
+    )
+    assert isinstance(resource.store_url, dg.EnvVar) and isinstance(resource.bootstrap_servers, dg.EnvVar)
+    with pytest.raises((ValidationError, StreamGroupConfigError), match="store_url"):
+        kafka_group(store_url="STREAMGROUP_TEST_STATE_URL")  # the same text, given literally, is checked
