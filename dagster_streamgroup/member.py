@@ -106,7 +106,7 @@ class TickReport:
     new_launches: list[Launch]
     """Ranges planned in this tick."""
     inflight: list[Launch]
-    """Every range in flight under this member, the new ones included: request them all (run keys dedupe)."""
+    """Every range in flight under this member, the new ones included: request those whose run does not exist."""
     owned: list[str]
     gained: list[str]
     lost: list[str]

@@ -2,8 +2,9 @@
 
 One tick: settle the ranges whose runs ended without reporting (crashed or cancelled runs), make peers that
 an operator stopped leave the group, run the member tick (heartbeat, evict, rebalance, plan), and request
-one run per range in flight. Requests are deterministic, so Dagster's run key deduplicates the re-requests
-of ranges already running. A tick does a few short broker and store calls and never touches Spark.
+one run per range in flight whose run does not exist yet. Requests are deterministic, so a range recorded by
+a tick that died before Dagster launched it is requested again under the same run key. A tick does a few
+short broker and store calls and never touches Spark.
 
 The member id is the sensor name: a restarted daemon resumes the same membership instead of waiting out a
 session timeout.

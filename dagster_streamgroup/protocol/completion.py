@@ -186,6 +186,10 @@ def unpark(state: GroupState, shard_id: str, now: float, *, skip: bool = False) 
         return state
     parked = shard.parked
     update: dict[str, object] = {"parked": None, "attempt": 0, "epoch": shard.epoch + 1, "ahead_since": None}
+    # Skipping gives up the parked range, which starts at the committed offset (a failed range, offsets lost
+    # to retention). A shard parked because the stream ends below offsets it has seen has no such range:
+    # it is only resumed, and its offsets never move back.
+    skip = skip and parked.start == shard.committed and parked.end > parked.start
     if skip:
         update["committed"] = max(parked.end, shard.committed or 0)
         update["retry_end"] = None

@@ -8,7 +8,6 @@ losing or doubling it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -171,13 +170,14 @@ def _plan_shard(
         )
         committed = mark.low
         shard = evolve(shard, committed=committed)
-    if committed > mark.high:
-        return _offsets_ahead(shard_id, shard, member_id, now, mark, policy)
-    if shard.ahead_since is not None:
-        shard = evolve(shard, ahead_since=None)
     retry_end = shard.retry_end if shard.retry_end is not None and shard.retry_end > committed else None
     if retry_end is None and shard.retry_end is not None:
         shard = evolve(shard, retry_end=None)  # retention loss skipped past the failed range
+    seen = max(committed, retry_end or 0)  # the failed range's records existed when it was planned
+    if seen > mark.high:
+        return _offsets_ahead(shard_id, shard, member_id, now, mark, policy, seen)
+    if shard.ahead_since is not None:
+        shard = evolve(shard, ahead_since=None)
     backlog = mark.high - committed
     if retry_end is not None:
         end = retry_end  # the failed range again, however much the backlog has grown
@@ -216,38 +216,44 @@ def _plan_shard(
 
 
 def _offsets_ahead(
-    shard_id: str, shard: ShardState, member_id: str, now: float, mark: Watermark, policy: GroupPolicy
+    shard_id: str,
+    shard: ShardState,
+    member_id: str,
+    now: float,
+    mark: Watermark,
+    policy: GroupPolicy,
+    seen: int,
 ) -> tuple[ShardState, Launch | None, GroupEvent | None]:
-    """The committed offset is past the stream's high watermark: the stream was recreated or truncated, or
-    (briefly) a new Kafka leader has not caught up its high watermark yet. Reading on from the committed
-    offset would skip whatever the stream now holds below it, and moving the offset back is not ours to
-    decide, so nothing is launched; if it lasts a session timeout, the shard is parked with an event."""
-    committed = cast(int, shard.committed)
+    """The stream ends below an offset the group has seen (its committed offset, or the end of a failed range
+    to retry): the stream was recreated or truncated, or (briefly) a new Kafka leader has not caught up its
+    high watermark yet. Reading on would skip whatever the stream now holds below that offset, or wait for
+    records that are gone, and moving the offset back is not ours to decide, so nothing is launched; if it
+    lasts a session timeout, the shard is parked with an event."""
     if shard.ahead_since is None:
         return evolve(shard, ahead_since=now), None, None
     if now - shard.ahead_since < policy.session_timeout_s:
         return shard, None, None
     detail = (
-        f"the committed offset {committed} is past the stream's high watermark {mark.high} since "
-        f"{now - shard.ahead_since:.0f} s: the stream was recreated or truncated; shard parked, nothing was "
-        "read or skipped (resume it with `streamgroup unpark` once the stream is past the offset again, or "
-        "consume the new stream under another group)"
+        f"the stream's high watermark {mark.high} is below offset {seen}, which this group has seen "
+        f"(committed {shard.committed}), since {now - shard.ahead_since:.0f} s: the stream was recreated or "
+        "truncated; shard parked, nothing was read or skipped (resume it with `streamgroup unpark` once the "
+        "stream is past the offset again, or consume the new stream under another group)"
     )
-    parked = Parked(start=mark.high, end=committed, reason=detail, at=now)
+    parked = Parked(start=mark.high, end=seen, reason=detail, at=now)
     event = GroupEvent(
         kind=EventKind.OFFSETS_AHEAD,
         at=now,
         shard=shard_id,
         member_id=member_id,
         start=mark.high,
-        end=committed,
+        end=seen,
         detail=detail,
     )
     return evolve(shard, parked=parked, ahead_since=None), None, event
 
 
 def inflight_launches(state: GroupState, member_id: str) -> list[Launch]:
-    """Every range in flight under ``member_id``: re-requested each tick, deduplicated by run key."""
+    """Every range in flight under ``member_id``: requested until its run exists, under the same run key."""
     return [
         Launch(
             group=state.group,

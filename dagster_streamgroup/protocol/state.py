@@ -70,7 +70,8 @@ class InFlight:
 
 @dataclass(frozen=True)
 class Parked:
-    """A shard that stopped: retries exhausted, or its offsets fell out of retention under ``fail``."""
+    """A shard that stopped: retries exhausted, its offsets fell out of retention under ``fail``, or the
+    stream ends below offsets the group has seen (``OFFSETS_AHEAD``: ``start`` is the stream's end then)."""
 
     start: int
     end: int

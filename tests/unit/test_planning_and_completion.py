@@ -170,6 +170,25 @@ def test_committed_offset_past_the_high_watermark_waits_then_parks() -> None:
     event = state.events[-1]
     assert event.kind is EventKind.OFFSETS_AHEAD and (event.start, event.end) == (30, 100)
     assert "recreated or truncated" in event.detail
+    # nothing to skip: --skip only resumes it, with no dead letter and no offset moved
+    resumed = protocol.unpark(state, "s0", 40.0, skip=True)
+    assert resumed.shards["s0"].committed == 100 and resumed.events[-1].kind is EventKind.UNPARKED
+
+
+def test_a_retry_past_a_lowered_high_watermark_waits_instead_of_stalling() -> None:
+    """The failed range's records existed when it was planned; a stream that now ends below them was
+    truncated (or a new leader lags): no run that would wait out its stall timeout and burn an attempt."""
+    state, (first,) = protocol.plan(one_shard(), "a", 5.0, {"s0": Watermark(low=0, high=100)}, POLICY)
+    state, _ = protocol.fail(state, report(first), "boom", 6.0, POLICY)
+    state, launches = protocol.plan(state, "a", 7.0, {"s0": Watermark(low=0, high=50)}, POLICY)
+    assert launches == [] and state.shards["s0"].ahead_since == 7.0 and state.shards["s0"].attempt == 1
+    _, (retry,) = protocol.plan(state, "a", 8.0, {"s0": Watermark(low=0, high=100)}, POLICY)
+    assert (retry.start, retry.end, retry.attempt) == (0, 100, 1)
+    parked, _ = protocol.plan(state, "a", 7.0 + POLICY.session_timeout_s, {"s0": Watermark(low=0, high=50)}, POLICY)
+    assert parked.shards["s0"].parked is not None and parked.events[-1].kind is EventKind.OFFSETS_AHEAD
+    assert (parked.events[-1].start, parked.events[-1].end) == (50, 100)
+    skipped = protocol.unpark(parked, "s0", 40.0, skip=True)
+    assert skipped.shards["s0"].committed == 0, "skip never gives up records the stream still holds"
 
 
 def test_dead_letter_moves_on_and_records_the_range() -> None:
