@@ -123,8 +123,8 @@ def test_failures_retry_the_same_offsets_then_park() -> None:
     assert (third.start, third.end, third.attempt) == (first.start, first.end, 0)
     # a new epoch: the orchestrator keeps the run keys of the range's earlier attempts for good
     assert third.epoch == first.epoch + 1
-    done, outcome = protocol.commit(resumed, report(third))
-    assert outcome.accepted and done.shards["s0"].retry_end is None
+    done, committed = protocol.commit(resumed, report(third))
+    assert committed.accepted and done.shards["s0"].retry_end is None
     _, (fourth,) = protocol.plan(done, "a", 12.0, marks(done), policy)
     assert (fourth.start, fourth.end) == (40, 140)
     skipped = protocol.unpark(state, "s0", 10.0, skip=True)

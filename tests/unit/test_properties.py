@@ -1,5 +1,7 @@
 """Property-based tests: random sequences of joins, leaves, crashes, long pauses, skewed clocks, zombie and
-replayed commits, failures and retention loss, with the invariants checked after every step."""
+replayed commits, failures (stale ones too), retention loss, a stream that ends below the group's offsets
+for a while, operator unparks, and groups positioned from the stream's own offsets, with the invariants
+checked after every step."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ op = st.one_of(
     st.tuples(st.just("zombie"), st.integers(0, 50)),
     st.tuples(st.just("fail"), st.integers(0, 50)),
     st.tuples(st.just("trim"), st.integers(0, 30)),
+    st.tuples(st.just("cut"), st.integers(0, 150)),
+    st.tuples(st.just("stale_fail"), st.integers(0, 50)),
+    st.tuples(st.just("unpark"), st.integers(0, 8), st.booleans()),
 )
 
 
@@ -38,10 +43,17 @@ class World:
     low: int = 0
     runs: list[Launch] = field(default_factory=list)
     cursor: dict[str, int] = field(default_factory=dict)
+    cut: int = 0
+    """How far the stream's end has dropped (a truncated or recreated stream, a lagging new leader)."""
+    in_stream: int | None = None
+    """The group's offset as the stream records it, for shards not positioned yet."""
 
     def marks(self) -> dict[str, Watermark]:
-        high = 100 + int(self.now * 10)
-        return {sid: Watermark(low=min(self.low, high), high=high) for sid in self.state.shards}
+        high = max(0, 100 + int(self.now * 10) - self.cut)
+        return {
+            sid: Watermark(low=min(self.low, high), high=high, group_committed=self.in_stream)
+            for sid in self.state.shards
+        }
 
 
 def check_step(before: GroupState, after: GroupState, world: World) -> None:
@@ -76,6 +88,15 @@ def apply(world: World, step: tuple[object, ...]) -> None:
         world.state = protocol.leave(world.state, str(step[1]), world.now)
     elif kind == "trim":
         world.low += int(step[1])  # type: ignore[call-overload]
+    elif kind == "cut":
+        world.cut = int(step[1])  # type: ignore[call-overload]
+    elif kind == "unpark":
+        shard_ids = sorted(world.state.shards)
+        sid = shard_ids[int(step[1]) % len(shard_ids)]  # type: ignore[call-overload]
+        parked = world.state.shards[sid].parked
+        world.state = protocol.unpark(world.state, sid, world.now, skip=bool(step[2]))
+        if parked is not None:
+            assert world.state.shards[sid].parked is None and world.state.shards[sid].epoch > before.shards[sid].epoch
     elif world.runs:
         run = world.runs[int(step[1]) % len(world.runs)]  # type: ignore[call-overload]
         shard = world.state.shards[run.shard]
@@ -99,6 +120,13 @@ def apply(world: World, step: tuple[object, ...]) -> None:
             if kind == "replay":
                 again, second = protocol.commit(world.state, presented)
                 assert again is world.state and (second.accepted == outcome.accepted or second.already_committed)
+        elif kind == "stale_fail":  # a run of an earlier epoch, or another member's, reports a failure
+            for stale in (
+                report(run).model_copy(update={"epoch": run.epoch - 1}),
+                report(run).model_copy(update={"member_id": "z"}),
+            ):
+                same, ignored = protocol.fail(world.state, stale, "stale", world.now, POLICY)
+                assert same is world.state and ignored is protocol.FailOutcome.IGNORED, "only the run in flight fails"
         else:
             world.state, _ = protocol.fail(world.state, report(run), "boom", world.now, POLICY)
     check_step(before, world.state, world)
@@ -110,6 +138,7 @@ def apply(world: World, step: tuple[object, ...]) -> None:
 
 def settle(world: World, live: list[str]) -> None:
     """No more faults: every live member ticks and every run commits, until the group is quiet."""
+    world.cut = 0
     for _ in range(12):
         for member in live:
             world.now += POLICY.heartbeat_interval_s / len(live)
@@ -120,12 +149,12 @@ def settle(world: World, live: list[str]) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.lists(op, max_size=80), shards=st.integers(1, 9))
+@given(steps=st.lists(op, max_size=80), shards=st.integers(1, 9), in_stream=st.none() | st.integers(0, 150))
 def test_invariants_hold_under_random_faults_and_the_group_converges(
-    steps: list[tuple[object, ...]], shards: int
+    steps: list[tuple[object, ...]], shards: int, in_stream: int | None
 ) -> None:
     state = protocol.sync_shards(protocol.new_group("s", "g", 0.0), [f"s{i}" for i in range(shards)], 0.0)
-    world = World(state=state)
+    world = World(state=state, in_stream=in_stream)
     for step in steps:
         apply(world, step)
     live = ["a", "b"]
