@@ -63,7 +63,7 @@ class CommitOutcome(BaseModel):
 def _leave_if_departed(state: GroupState, shard: ShardState) -> ShardState:
     """A draining shard whose run has reported goes back to the pool (epoch bumped)."""
     if shard.owner is not None and shard.owner not in state.members:
-        return evolve(shard, owner=None, epoch=shard.epoch + 1)
+        return evolve(shard, owner=None, epoch=shard.epoch + 1, ahead_since=None)
     return shard
 
 

@@ -104,8 +104,9 @@ class ShardState:
     failed attempt may have had side effects over them, and a retry grown with the backlog would spread an
     attempt count over different ranges."""
     ahead_since: float | None = None
-    """When the committed offset was first seen past the stream's high watermark (a recreated or truncated
-    stream; briefly, a Kafka leader change); the shard is parked if it lasts a session timeout."""
+    """When the stream was first seen ending below an offset the group has seen (a recreated or truncated
+    stream; briefly, a Kafka leader change), by the current owner: the shard is parked if it lasts a session
+    timeout. Cleared when the owner changes, so one owner's observation never parks the next one's shard."""
 
 
 class EventKind(StrEnum):

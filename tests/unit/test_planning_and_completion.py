@@ -161,6 +161,9 @@ def test_committed_offset_past_the_high_watermark_waits_then_parks() -> None:
     recreated = {"s0": Watermark(low=0, high=30)}
     state, launches = protocol.plan(state, "a", 10.0, recreated, POLICY)
     assert launches == [] and state.shards["s0"].parked is None and state.shards["s0"].ahead_since == 10.0
+    # a new owner starts its own observation
+    handed = protocol.leave(state, "a", 11.0)
+    assert handed.shards["s0"].ahead_since is None
     # a high watermark that catches up within a session timeout (a Kafka leader change) clears it
     caught_up, (next_launch,) = protocol.plan(state, "a", 15.0, {"s0": Watermark(low=0, high=150)}, POLICY)
     assert caught_up.shards["s0"].ahead_since is None and (next_launch.start, next_launch.end) == (100, 150)
