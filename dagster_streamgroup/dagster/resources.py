@@ -121,7 +121,7 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         return data
 
     def _from_env_var(self, name: str) -> bool:
-        return name in _env_var_fields.get() or isinstance(getattr(self, name, None), dg.EnvVar)
+        return name in _env_var_fields.get()
 
     @model_validator(mode="after")
     def _check_group_fields(self) -> StreamGroupResource:

@@ -15,7 +15,7 @@ first one does not take everything (the greedy first reader of Pravega / Flink c
 from __future__ import annotations
 
 from dagster_streamgroup.protocol.policy import GroupPolicy
-from dagster_streamgroup.protocol.state import GroupState, ShardState, evolve
+from dagster_streamgroup.protocol.state import GroupState, ShardState, handed_over
 
 
 def is_draining(state: GroupState, shard: ShardState) -> bool:
@@ -91,14 +91,14 @@ def rebalance(state: GroupState, member_id: str, now: float, policy: GroupPolicy
     for deficit, mid in deficits:
         for shard_id in pool[cursor : cursor + deficit]:
             shard = shards[shard_id]
-            shards[shard_id] = evolve(shard, owner=mid, epoch=shard.epoch + 1, ahead_since=None, backlog_since=None)
+            shards[shard_id] = handed_over(shard, mid, backlog_since=None)
         cursor += deficit
         if cursor >= len(pool):
             break
     for shard_id in pool[cursor:]:
         shard = shards[shard_id]
         if shard.owner is not None:
-            shards[shard_id] = evolve(shard, owner=None, epoch=shard.epoch + 1, ahead_since=None, backlog_since=None)
+            shards[shard_id] = handed_over(shard, None, backlog_since=None)
     return state.model_copy(update={"shards": shards})
 
 
@@ -110,5 +110,5 @@ def _normalise_free(state: GroupState, pool: list[str]) -> GroupState:
     shards = dict(state.shards)
     for shard_id in stale:
         shard = shards[shard_id]
-        shards[shard_id] = evolve(shard, owner=None, epoch=shard.epoch + 1, ahead_since=None)
+        shards[shard_id] = handed_over(shard, None)
     return state.model_copy(update={"shards": shards})

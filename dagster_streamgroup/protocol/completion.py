@@ -15,7 +15,15 @@ from pydantic import BaseModel, ConfigDict
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.planning import Launch
 from dagster_streamgroup.protocol.policy import GroupPolicy
-from dagster_streamgroup.protocol.state import EventKind, GroupEvent, GroupState, Parked, ShardState, evolve
+from dagster_streamgroup.protocol.state import (
+    EventKind,
+    GroupEvent,
+    GroupState,
+    Parked,
+    ShardState,
+    evolve,
+    handed_over,
+)
 
 
 class RangeReport(BaseModel):
@@ -63,7 +71,7 @@ class CommitOutcome(BaseModel):
 def _leave_if_departed(state: GroupState, shard: ShardState) -> ShardState:
     """A draining shard whose run has reported goes back to the pool (epoch bumped)."""
     if shard.owner is not None and shard.owner not in state.members:
-        return evolve(shard, owner=None, epoch=shard.epoch + 1, ahead_since=None)
+        return handed_over(shard, None)
     return shard
 
 

@@ -15,6 +15,7 @@ from dagster_streamgroup.protocol.state import (
     Member,
     ShardState,
     evolve,
+    handed_over,
 )
 
 
@@ -54,7 +55,7 @@ def _hand_back(shard: ShardState, now: float) -> ShardState:
     separate process that outlives the sensor); it is reassigned when that run reports or the drain
     timeout passes (Nuclio's drain on rebalance, without its fixed sleep)."""
     if shard.inflight is None:
-        return evolve(shard, owner=None, epoch=shard.epoch + 1, ahead_since=None, backlog_since=None)
+        return handed_over(shard, None, backlog_since=None)
     if shard.inflight.orphaned_at is not None:
         return shard
     return evolve(shard, inflight=evolve(shard.inflight, orphaned_at=now))
@@ -112,7 +113,5 @@ def expire_drains(state: GroupState, now: float, drain_timeout_s: float) -> Grou
                 detail=f"run {shard.inflight.run_key} did not report within {drain_timeout_s}s; range relaunched",
             )
         )
-        shards[shard_id] = evolve(
-            shard, owner=None, epoch=shard.epoch + 1, ahead_since=None, inflight=None, backlog_since=None
-        )
+        shards[shard_id] = handed_over(shard, None, inflight=None, backlog_since=None)
     return add_events(state.model_copy(update={"shards": shards}), *events)

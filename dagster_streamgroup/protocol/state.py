@@ -39,6 +39,12 @@ def evolve(record: T, **changes: object) -> T:
     return new
 
 
+def handed_over(shard: ShardState, owner: str | None, **changes: object) -> ShardState:
+    """The shard under a new owner (or none): a new epoch fences the previous owner's runs, and what the
+    previous owner observed over time (``ahead_since``) does not carry over."""
+    return evolve(shard, owner=owner, epoch=shard.epoch + 1, ahead_since=None, **changes)
+
+
 @dataclass(frozen=True)
 class Member:
     """A live member. ``joined`` lets a new member wait one tick before claiming, so a cold start of

@@ -44,15 +44,19 @@ SUPPORTED = (
 )
 
 
-def check_store_url(url: str, *, field: str = "store_url", shared: bool = True) -> None:
-    """Refuse at configuration time, without connecting, a URL no store opens. ``shared``: the store must be
-    seen by several processes (sensor ticks and every run), which ``memory://`` is not."""
+def _opener(url: str, field: str) -> Callable[[str], StateStore]:
     scheme, sep, _ = url.partition("://")
     opener = _OPENERS.get(scheme.lower()) if sep else None
     if opener is None:
         shown = safe_url(url) if sep else repr(url)
         raise StoreConfigError(f"{field}: {shown} is not a state store URL; supported: {'; '.join(SUPPORTED)}")
-    if shared and opener is _open_memory:
+    return opener
+
+
+def check_store_url(url: str, *, field: str = "store_url") -> None:
+    """Refuse at configuration time, without connecting, a URL no store opens, or one the sensor ticks and
+    every run (separate processes) cannot share, as ``memory://``."""
+    if _opener(url, field) is _open_memory:
         raise StoreConfigError(
             f"{field}: memory:// keeps the state inside one process, but the sensors and every run are separate "
             "processes that must share it; use sqlite:///PATH (one host) or postgresql://... (many hosts)"
@@ -62,8 +66,7 @@ def check_store_url(url: str, *, field: str = "store_url", shared: bool = True) 
 def open_store(url: str, *, field: str = "store_url") -> StateStore:
     """Open the store that ``url`` names. ``field`` is the configuration field the URL came from, so a bad
     value is reported where the user can fix it."""
-    check_store_url(url, field=field, shared=False)
-    opener = _OPENERS[url.partition("://")[0].lower()]
+    opener = _opener(url, field)
     try:
         return opener(url)
     except StoreConfigError as exc:

@@ -72,11 +72,8 @@ def safe_url(url: str | URL) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "<unparseable URL>" if "@" in url else url
-    cut = len(rest)
-    for mark in "/?#":
-        at = rest.find(mark, rest.rfind("@") + 1) if "@" in rest else rest.find(mark)
-        if at != -1:
-            cut = min(cut, at)
+    after_at = rest.rfind("@") + 1  # 0 without credentials
+    cut = min((at for mark in "/?#" if (at := rest.find(mark, after_at)) != -1), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
     userinfo, at_sign, host = authority.rpartition("@")
     if not at_sign:
