@@ -8,6 +8,7 @@ bash scripts/setup.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1 PYTHONHASHSEED=0
 echo "test: ruff"
 .venv/bin/ruff check dagster_streamgroup tests bench jobs sensors scripts definitions.py
+.venv/bin/ruff format --check dagster_streamgroup tests bench jobs sensors scripts definitions.py
 echo "test: mypy --strict"
 .venv/bin/mypy
 if [ $# -gt 0 ]; then

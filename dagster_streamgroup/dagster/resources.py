@@ -23,6 +23,7 @@ from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.stores.base import StateStore, StoreConfigError, state_key
 from dagster_streamgroup.stores.factory import check_store_url, open_store
+from dagster_streamgroup.stores.sql import safe_url
 from dagster_streamgroup.streams.base import StreamBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamConfig, check_group
@@ -37,18 +38,27 @@ STORE_FILE = "streamgroup-state.db"
 _POLICY_FIELDS = tuple(GroupPolicy.model_fields)
 
 _cache_lock = threading.Lock()
-_stores: dict[str, StateStore] = {}
-_backends: dict[str, StreamBackend] = {}
+_stores: dict[str, tuple[str, StateStore]] = {}
+_backends: dict[str, tuple[str, StreamBackend]] = {}
 
 
-def _cached(cache: dict[str, T], key: str, make: Callable[[], T]) -> T:
-    digest = hashlib.sha256(key.encode()).hexdigest()  # keys may hold secrets: keep only a digest
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()  # the texts may hold secrets: keep only a digest
+
+
+def _cached(cache: dict[str, tuple[str, T]], identity: str, credentials: str, make: Callable[[], T]) -> T:
+    """One client per ``identity`` (the configuration without its secrets), rebuilt when ``credentials`` change.
+
+    The code server lives for days and secrets rotate: a client keyed by its secret too would stay in the
+    cache beside its successor after every rotation, with its sockets and librdkafka threads. The replaced
+    client is dropped, not closed, because a tick or run on another thread may still be using it."""
+    key, fingerprint = _digest(identity), _digest(credentials)
     with _cache_lock:
-        found = cache.get(digest)
-        if found is None:
-            found = make()
-            cache[digest] = found
-        return found
+        entry = cache.get(key)
+        if entry is None or entry[0] != fingerprint:
+            entry = (fingerprint, make())
+            cache[key] = entry
+        return entry[1]
 
 
 def default_store_url() -> str:
@@ -157,7 +167,7 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
 
     def store(self) -> StateStore:
         url = self.resolved_store_url()
-        return _cached(_stores, url, lambda: open_store(url, field="store_url"))
+        return _cached(_stores, safe_url(url), url, lambda: open_store(url, field="store_url"))
 
     def backend(self) -> StreamBackend:
         raise NotImplementedError
@@ -230,7 +240,7 @@ class KafkaStreamGroup(StreamGroupResource):
         from dagster_streamgroup.streams.kafka import KafkaBackend
 
         config = self.stream_config()
-        return _cached(_backends, config.model_dump_json() + repr(config.client_config()), lambda: KafkaBackend(config))
+        return _cached(_backends, config.model_dump_json(), repr(config.client_config()), lambda: KafkaBackend(config))
 
     def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
         from dagster_streamgroup.dagster.spark_read import read_kafka_range
@@ -272,17 +282,11 @@ class V3ioStreamGroup(StreamGroupResource):
     def stream_config(self) -> V3ioStreamConfig:
         return self._connection_config(V3ioStreamConfig)
 
-    def _cache_key(self, config: V3ioStreamConfig) -> str:
-        """The key as resolved now (inline, mounted file or environment): a rotated key gets new clients
-        instead of the long-lived code server keeping the old one."""
-        key = config.resolve_access_key()
-        return config.model_dump_json() + hashlib.sha256(key.encode()).hexdigest()
-
     def backend(self) -> StreamBackend:
         from dagster_streamgroup.streams.v3io import V3ioBackend
 
         config = self.stream_config()
-        return _cached(_backends, self._cache_key(config), lambda: V3ioBackend(config))
+        return _cached(_backends, config.model_dump_json(), config.resolve_access_key(), lambda: V3ioBackend(config))
 
     def _check_store_url(self, url: str) -> None:
         if url != STORE_NEXT_TO_STREAM:
@@ -300,7 +304,12 @@ class V3ioStreamGroup(StreamGroupResource):
             access_key=config.access_key,
             access_key_file=config.access_key_file,
         )
-        return _cached(_stores, "v3io-state:" + self._cache_key(config), lambda: V3ioStateStore(connection))
+        return _cached(
+            _stores,
+            "v3io-state:" + config.model_dump_json(),
+            config.resolve_access_key(),  # as resolved now: a rotated key file gets a new client
+            lambda: V3ioStateStore(connection),
+        )
 
     def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
         from dagster_streamgroup.spark.v3io_source import read_v3io_ranges

@@ -165,8 +165,9 @@ def test_offset_for_time_after_every_record_is_the_high_watermark(harness: Strea
     assert backend.offset_for_time(shard, int(time.time() * 1000) + 3_600_000) == offsets[-1] + 1
 
 
-def test_a_start_below_retention_raises_offset_out_of_range(filled: tuple[StreamBackend, str, list[int]],
-                                                           harness: StreamHarness) -> None:
+def test_a_start_below_retention_raises_offset_out_of_range(
+    filled: tuple[StreamBackend, str, list[int]], harness: StreamHarness
+) -> None:
     _require(harness, "trim")
     backend, shard, offsets = filled
     harness.trim(backend, shard, offsets[4])

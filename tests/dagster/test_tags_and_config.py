@@ -133,7 +133,31 @@ def test_a_rotated_v3io_key_file_gets_new_clients(tmp_path: Path) -> None:
     before = resource.backend()
     assert resource.backend() is before
     key_file.write_text("rotated-key")
-    assert resource.backend() is not before
+    after = resource.backend()
+    assert after is not before
+    assert resource.backend() is after
+
+
+def test_a_rotated_kafka_password_replaces_the_cached_client(tmp_path: Path) -> None:
+    """Each rotation used to add a client beside the old one: a code server that lives for days kept every
+    AdminClient, with its threads and sockets, that it had ever built."""
+    from dagster_streamgroup.dagster import resources
+
+    password_file = tmp_path / "sasl-password"
+    password_file.write_text("first")
+    resource = kafka_group(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
+        sasl_password_file=str(password_file),
+    )
+    before = resource.backend()
+    cached = len(resources._backends)
+    for rotation in range(3):
+        password_file.write_text(f"rotated-{rotation}")
+        assert resource.backend() is not before
+        before = resource.backend()
+    assert len(resources._backends) == cached
 
 
 def test_fields_from_env_vars_are_checked_when_they_resolve() -> None:

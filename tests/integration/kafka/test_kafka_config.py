@@ -44,17 +44,40 @@ def test_properties_pass_through_untouched() -> None:
         ({"properties": {"group.id": "g"}}, "properties", "chosen per call"),
         ({"sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": SECRET}, "security_protocol", "SASL_SSL"),
         ({"security_protocol": "SASL_SSL"}, "sasl_mechanism", "required"),
-        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_password": SECRET},
-         "sasl_username", "required"),
-        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "u"},
-         "sasl_password", "required"),
+        (
+            {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_password": SECRET},
+            "sasl_username",
+            "required",
+        ),
+        (
+            {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "u"},
+            "sasl_password",
+            "required",
+        ),
         ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}, "sasl_mechanism", "PLAIN"),
         ({"sasl_password": SECRET, "sasl_password_file": "/x"}, "sasl_password", "not both"),
         ({"ssl_ca_location": "/ca.pem"}, "security_protocol", "SSL or SASL_SSL"),
-        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": SECRET,
-          "oauthbearer_client_id": "c"}, "sasl_mechanism", "OAUTHBEARER"),
-        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "oauthbearer_client_id": "c",
-          "oauthbearer_token_endpoint_url": "https://idp/token"}, "oauthbearer_client_secret", "required"),
+        (
+            {
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "PLAIN",
+                "sasl_username": "u",
+                "sasl_password": SECRET,
+                "oauthbearer_client_id": "c",
+            },
+            "sasl_mechanism",
+            "OAUTHBEARER",
+        ),
+        (
+            {
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "OAUTHBEARER",
+                "oauthbearer_client_id": "c",
+                "oauthbearer_token_endpoint_url": "https://idp/token",
+            },
+            "oauthbearer_client_secret",
+            "required",
+        ),
         ({"unknown_field": 1}, "unknown_field", "Extra inputs"),
     ],
 )
@@ -66,7 +89,10 @@ def test_bad_input_names_the_field_and_reason(kw: dict[str, Any], field: str, re
 
 def test_secrets_are_not_in_repr_or_dump() -> None:
     config = _config(
-        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="svc", sasl_password=SECRET,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="svc",
+        sasl_password=SECRET,
         ssl_key_password=SECRET,
     )
     assert SECRET not in repr(config)
@@ -99,7 +125,9 @@ def test_secrets_come_from_mounted_files_relative_to_secret_path(tmp_path: Path)
     assert client["ssl.ca.location"] == str(tmp_path / "ca.pem")
     assert client["ssl.certificate.location"] == "/abs/cert.pem"
     plain = _config(
-        security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
         sasl_password_file=tmp_path / "password",
     )
     assert plain.client_config()["sasl.password"] == SECRET  # trailing newline of the mounted file stripped
@@ -107,7 +135,10 @@ def test_secrets_come_from_mounted_files_relative_to_secret_path(tmp_path: Path)
 
 def test_an_unreadable_secret_file_is_a_clear_error(tmp_path: Path) -> None:
     config = _config(
-        security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u", sasl_password_file="missing",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
+        sasl_password_file="missing",
         secret_path=tmp_path,
     )
     with pytest.raises(ValueError, match=r"sasl_password_file: cannot read .*missing"):

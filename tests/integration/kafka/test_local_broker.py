@@ -27,8 +27,9 @@ def test_a_broker_starts_on_a_free_loopback_port_and_is_stopped_by_pid() -> None
         os.kill(broker.pid, 0)
 
 
-def test_sample_data_ends_each_partition_so_watermarks_are_exact(kafka_bootstrap: str,
-                                                                 kafka_topics: TopicFactory) -> None:
+def test_sample_data_ends_each_partition_so_watermarks_are_exact(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
     topic = kafka_topics(4)
     ends = produce_sample(kafka_bootstrap, topic, 4, 20_000, value_size=10)
     assert sum(ends.values()) == 20_004  # the records plus one trailing record per partition

@@ -28,8 +28,14 @@ Row = tuple[Any, ...]
 def plain_consumer_rows(bootstrap: str, ranges: dict[str, tuple[int, int]]) -> list[Row]:
     """An independent reference: a bare confluent-kafka loop, one partition at a time, message by message."""
     rows: list[Row] = []
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reference", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "reference",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         for shard, (start, end) in ranges.items():
             topic, partition = shard.rsplit(":", 1)
@@ -50,8 +56,9 @@ def plain_consumer_rows(bootstrap: str, ranges: dict[str, tuple[int, int]]) -> l
                     continue
                 ts_type, ts = msg.timestamp()
                 headers = [(k, v) for k, v in msg.headers()] if msg.headers() else None
-                rows.append((msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), ts, ts_type - 1,
-                             headers))
+                rows.append(
+                    (msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), ts, ts_type - 1, headers)
+                )
                 done = msg.offset() >= end - 1
     finally:
         consumer.close()
@@ -72,8 +79,9 @@ def data(kafka_bootstrap: str) -> Iterator[tuple[KafkaStreamConfig, str, dict[in
     factory = TopicFactory(kafka_bootstrap)
     topic = factory(3, prefix="spark")
     ends = produce_sample(kafka_bootstrap, topic, 3, 6000, value_size=20)
-    offsets = produce_records(kafka_bootstrap, topic, 2, [b"h1", b"h2"], keys=[None, b"k"],
-                              headers=[[("a", b"1"), ("b", None)], None])
+    offsets = produce_records(
+        kafka_bootstrap, topic, 2, [b"h1", b"h2"], keys=[None, b"k"], headers=[[("a", b"1"), ("b", None)], None]
+    )
     ends[2] = offsets[-1] + 1
     yield KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic]), topic, ends
     factory.cleanup()
@@ -134,20 +142,28 @@ def test_bad_options_fail_at_planning_with_the_option_named(
     config, topic, _ = data
     with pytest.raises(Exception, match="need 0 <= start <= end"):
         read_kafka_ranges(spark, config, {f"{topic}:0": (9, 3)})
+
     def reader() -> Any:
         return spark.read.format("streamgroup-kafka").option("kafka.bootstrap.servers", config.bootstrap_servers)
 
     with pytest.raises(Exception, match="'maxRecordsPerPartition' must be an integer"):
         reader().option("ranges", f'[{{"shard": "{topic}:0", "start": 0, "end": 3}}]').option(
-            "maxRecordsPerPartition", "many").load().count()
+            "maxRecordsPerPartition", "many"
+        ).load().count()
     with pytest.raises(Exception, match="option 'ranges' is required"):
         reader().load().count()
 
 
 def test_secrets_do_not_appear_in_query_plans(spark: SparkSession) -> None:
     secret = "Sup3r-s3cret-pw"
-    config = KafkaStreamConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], security_protocol="SASL_PLAINTEXT",
-                               sasl_mechanism="PLAIN", sasl_username="u", sasl_password=secret)
+    config = KafkaStreamConfig(
+        bootstrap_servers="127.0.0.1:9",
+        topics=["t"],
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
+        sasl_password=secret,
+    )
     df = read_kafka_ranges(spark, config, {"t:0": (0, 10)})
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
