@@ -79,9 +79,18 @@ def broker_command(host: str, port: int, storage: str = STORAGE) -> list[str]:
 
 
 def wait_until_answering(bootstrap: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Block until a metadata request succeeds, so callers never race the broker's start."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000})
+    """Block until a metadata request succeeds, so callers never race the broker's start.
+
+    The port is probed first: a Kafka client created before the broker listens logs a "Connection refused"
+    line for every reconnect, which reads like a failure on every start."""
     deadline = time.monotonic() + timeout_s
+    while not _accepts_connections(bootstrap):
+        if proc is not None and proc.poll() is not None:
+            raise BrokerStartError(f"the broker exited with code {proc.returncode} before answering")
+        if time.monotonic() > deadline:
+            raise BrokerStartError(f"no answer from {bootstrap} within {timeout_s:.0f} s: nothing listens on the port")
+        time.sleep(0.05)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000})
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -93,6 +102,18 @@ def wait_until_answering(bootstrap: str, timeout_s: float = 20.0, proc: subproce
             last_error = exc
             time.sleep(0.05)
     raise BrokerStartError(f"no answer from {bootstrap} within {timeout_s:.0f} s: {last_error}")
+
+
+def _accepts_connections(bootstrap: str) -> bool:
+    """Whether any bootstrap address accepts a TCP connection (no Kafka request is sent)."""
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        with (
+            contextlib.suppress(OSError, ValueError),
+            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5),
+        ):
+            return True
+    return False
 
 
 def stop(pid: int, timeout_s: float = 5.0) -> None:

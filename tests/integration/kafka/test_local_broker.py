@@ -7,7 +7,7 @@ import os
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from dagster_streamgroup.local.kafka_broker import running_broker
+from dagster_streamgroup.local.kafka_broker import BrokerStartError, free_port, running_broker, wait_until_answering
 from dagster_streamgroup.local.kafka_data import produce_sample
 from dagster_streamgroup.streams.kafka import KafkaBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
@@ -25,6 +25,18 @@ def test_a_broker_starts_on_a_free_loopback_port_and_is_stopped_by_pid() -> None
         assert [b.host for b in metadata.brokers.values()] == ["127.0.0.1"]
     with pytest.raises(ProcessLookupError):
         os.kill(broker.pid, 0)
+
+
+def test_waiting_for_a_broker_that_is_not_listening_logs_no_connection_errors(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """librdkafka writes a "Connection refused" line to stderr for each reconnect of a client created too
+    early; on every start of the example those lines read like a failure."""
+    with pytest.raises(BrokerStartError, match="nothing listens on the port"):
+        wait_until_answering(f"127.0.0.1:{free_port()}", timeout_s=0.5)
+    with running_broker():
+        pass
+    assert "Connection refused" not in capfd.readouterr().err
 
 
 def test_sample_data_ends_each_partition_so_watermarks_are_exact(
