@@ -102,6 +102,8 @@ if [ "$SPARK" = connect ]; then
   export CLICKSTREAM_SPARK_REMOTE="sc://127.0.0.1:$SPARK_PORT"
   wait_for_port "$SPARK_PORT" 180 "the Spark Connect server"
 fi
+# dagster dev warns that ./dagster.yaml is not used: its copy in $DAGSTER_HOME (above) is.
+echo "example: instance settings (one run per shard at a time) from dagster.yaml, copied to $DAGSTER_HOME"
 .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT" &
 pids+=($!)
 if [ "$STREAM" = kafka ]; then
