@@ -8,6 +8,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 UV_VERSION=0.13.8
 
+apt_ready=0
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: $1 is missing and this user is not root; install it (Debian: apt-get install $2)" >&2
+    return 1
+  fi
+  if [ "$apt_ready" = 0 ]; then apt-get update -qq; apt_ready=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+}
+
+if [ ! -x .tools/uv/bin/uv ] && ! "$PYTHON" -c 'import ensurepip' >/dev/null 2>&1; then
+  echo "setup: installing python3-venv (uv is installed into a virtualenv of its own)"
+  apt_install "Python's venv module" python3-venv
+fi
+
 if [ ! -x .tools/uv/bin/uv ] || ! .tools/uv/bin/uv --version | grep -q "$UV_VERSION"; then
   echo "setup: installing uv $UV_VERSION into .tools/uv"
   "$PYTHON" -m venv .tools/uv
@@ -20,16 +35,6 @@ echo "setup: syncing .venv from uv.lock"
 # otherwise compile dagster, pandas and pyspark from source again (about 3 s per process on two cores).
 .tools/uv/bin/uv sync --frozen --quiet --compile-bytecode --python "$PYTHON"
 "$PWD/.venv/bin/python" -m compileall -q -j 0 dagster_streamgroup jobs sensors definitions.py >/dev/null
-
-apt_ready=0
-apt_install() {
-  if [ "$(id -u)" != 0 ]; then
-    echo "setup: $1 is missing and this user is not root; install it (Debian: apt-get install $2)" >&2
-    return 1
-  fi
-  if [ "$apt_ready" = 0 ]; then apt-get update -qq; apt_ready=1; fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
-}
 
 if ! command -v java >/dev/null 2>&1; then
   echo "setup: installing Java 17 (Spark needs it)"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from dagster_streamgroup.stores.base import StateStore, StoreConfigError
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.stores.sql import SqlStateStore, safe_url
+from dagster_streamgroup.stores.sql import SqlStateStore, normalize_url, safe_url
 
 
 def _open_sql(url: str) -> StateStore:
@@ -53,14 +53,32 @@ def _opener(url: str, field: str) -> Callable[[str], StateStore]:
     return opener
 
 
+def _check_v3io(url: str) -> None:
+    from dagster_streamgroup.stores.v3io import parse_store_url
+
+    parse_store_url(url)
+
+
+_CHECKS: dict[Callable[[str], StateStore], Callable[[str], object]] = {
+    _open_sql: normalize_url,
+    _open_v3io: _check_v3io,
+}
+
+
 def check_store_url(url: str, *, field: str = "store_url") -> None:
-    """Refuse at configuration time, without connecting, a URL no store opens, or one the sensor ticks and
-    every run (separate processes) cannot share, as ``memory://``."""
-    if _opener(url, field) is _open_memory:
+    """Refuse at configuration time, without connecting, a URL no store opens (a SQLite URL without a
+    file, a port that is not a number, an unknown v3io option), or one the sensor ticks and every run
+    (separate processes) cannot share, as ``memory://``."""
+    opener = _opener(url, field)
+    if opener is _open_memory:
         raise StoreConfigError(
             f"{field}: memory:// keeps the state inside one process, but the sensors and every run are separate "
             "processes that must share it; use sqlite:///PATH (one host) or postgresql://... (many hosts)"
         )
+    try:
+        _CHECKS[opener](url)
+    except StoreConfigError as exc:
+        raise type(exc)(f"{field}: {exc}") from None
 
 
 def open_store(url: str, *, field: str = "store_url") -> StateStore:

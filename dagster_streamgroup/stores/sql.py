@@ -88,14 +88,15 @@ def normalize_url(url: str) -> URL:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise StoreConfigError(f"store URL {safe_url(url)!r} cannot be parsed: {exc}") from None
+    except ValueError:  # its text could quote a password that the parser took for a port
+        raise StoreConfigError(f"store URL {safe_url(url)!r} cannot be parsed: the port is not a number") from None
     if parsed.drivername in _POSTGRES_DRIVERS:
         return parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername in {"sqlite", "sqlite+pysqlite"}:
         if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
             raise StoreConfigError(
                 f"store URL {safe_url(parsed)!r}: a SQLite store needs a file path "
-                "(sqlite:///path/to/state.db); an in-memory SQLite database "
-                "is private to one connection, use memory:// instead"
+                "(sqlite:///path/to/state.db); an in-memory SQLite database is private to one connection"
             )
         return parsed
     raise StoreConfigError(

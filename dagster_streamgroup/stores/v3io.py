@@ -153,44 +153,7 @@ class V3ioStateStore:
         """``v3io://HOST[:PORT]/CONTAINER[/DIRECTORY][?https=true&access_key_file=PATH]``.
 
         The access key comes from ``access_key_file`` or ``$V3IO_ACCESS_KEY``, never from the URL."""
-        parts = urlsplit(url)
-        shown = f"v3io://{parts.hostname or ''}{f':{parts.port}' if _port_ok(parts) else ''}{parts.path}"
-        if parts.password or parts.username:
-            raise StoreConfigError(
-                f"{shown}: the access key must not be in the URL; use access_key_file=PATH or $V3IO_ACCESS_KEY"
-            )
-        options = dict(parse_qsl(parts.query, keep_blank_values=True))
-        if "access_key" in options:
-            raise StoreConfigError(
-                f"{shown}: the access key must not be in the URL; use access_key_file=PATH or $V3IO_ACCESS_KEY"
-            )
-        unknown = sorted(set(options) - {"https", "access_key_file", "compress"})
-        if unknown:
-            raise StoreConfigError(f"{shown}: unknown option(s) {unknown}; known: https, access_key_file, compress")
-        flags = {}
-        for name in ("https", "compress"):
-            value = options.get(name, "")
-            if value.lower() not in {"", "true", "false", "1", "0"}:
-                raise StoreConfigError(f"{shown}: option {name} must be true or false, got {value!r}")
-            flags[name] = value.lower() in {"true", "1"}
-        path = [p for p in parts.path.split("/") if p]
-        if not parts.hostname or not path:
-            raise StoreConfigError(f"{shown}: expected v3io://HOST[:PORT]/CONTAINER[/DIRECTORY]")
-        scheme = "https" if flags["https"] else "http"
-        try:
-            connection = V3ioConnection(
-                endpoint=f"{scheme}://{parts.netloc}",
-                container=path[0],
-                access_key_file=Path(options["access_key_file"]) if options.get("access_key_file") else None,
-            )
-        except ValidationError as exc:
-            detail = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'url'}: {e['msg']}"
-                for e in exc.errors(include_input=False, include_url=False)
-            )
-            raise StoreConfigError(f"{shown}: {detail}") from None
-        directory = "/".join(path[1:]) or DEFAULT_DIRECTORY
-        compress = flags["compress"] if "compress" in options else True
+        connection, directory, compress = parse_store_url(url)
         return cls(connection, directory=directory, compress=compress)
 
     def __repr__(self) -> str:
@@ -309,3 +272,46 @@ def _port_ok(parts: Any) -> bool:
         return parts.port is not None
     except ValueError:
         return False
+
+
+def parse_store_url(url: str) -> tuple[V3ioConnection, str, bool]:
+    """The connection, state directory and compression a ``v3io://`` store URL names, checked without I/O."""
+    parts = urlsplit(url)
+    shown = f"v3io://{parts.hostname or ''}{f':{parts.port}' if _port_ok(parts) else ''}{parts.path}"
+    if parts.password or parts.username:
+        raise StoreConfigError(
+            f"{shown}: the access key must not be in the URL; use access_key_file=PATH or $V3IO_ACCESS_KEY"
+        )
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if "access_key" in options:
+        raise StoreConfigError(
+            f"{shown}: the access key must not be in the URL; use access_key_file=PATH or $V3IO_ACCESS_KEY"
+        )
+    unknown = sorted(set(options) - {"https", "access_key_file", "compress"})
+    if unknown:
+        raise StoreConfigError(f"{shown}: unknown option(s) {unknown}; known: https, access_key_file, compress")
+    flags = {}
+    for name in ("https", "compress"):
+        value = options.get(name, "")
+        if value.lower() not in {"", "true", "false", "1", "0"}:
+            raise StoreConfigError(f"{shown}: option {name} must be true or false, got {value!r}")
+        flags[name] = value.lower() in {"true", "1"}
+    path = [p for p in parts.path.split("/") if p]
+    if not parts.hostname or not path:
+        raise StoreConfigError(f"{shown}: expected v3io://HOST[:PORT]/CONTAINER[/DIRECTORY]")
+    scheme = "https" if flags["https"] else "http"
+    try:
+        connection = V3ioConnection(
+            endpoint=f"{scheme}://{parts.netloc}",
+            container=path[0],
+            access_key_file=Path(options["access_key_file"]) if options.get("access_key_file") else None,
+        )
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'url'}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        )
+        raise StoreConfigError(f"{shown}: {detail}") from None
+    directory = "/".join(path[1:]) or DEFAULT_DIRECTORY
+    compress = flags["compress"] if "compress" in options else True
+    return connection, directory, compress
