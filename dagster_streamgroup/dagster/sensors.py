@@ -23,7 +23,7 @@ from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
-from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.dagster.resources import StreamGroupConfigError, StreamGroupResource
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 
@@ -100,9 +100,20 @@ def _member_sensor(
     def _sensor(context: dg.SensorEvaluationContext, **_direct: object) -> dg.SensorResult:
         # ``_direct``: a sensor called directly (unit tests) also gets its required resources as keywords.
         resource: StreamGroupResource = getattr(context.resources, target.resource_key)
+        check_tick_interval(resource, interval_s)
         return evaluate_member_tick(context, resource, target, name, peers)
 
     return _sensor
+
+
+def check_tick_interval(resource: StreamGroupResource, interval_s: float) -> None:
+    """The session timeout counts heartbeats: a sensor that ticks slower than the resource's
+    ``heartbeat_interval_s`` says would have its members evict each other (or, faster, hide a dead one)."""
+    if resource.heartbeat_interval_s != interval_s:
+        raise StreamGroupConfigError(
+            f"heartbeat_interval_s: the resource of group {resource.group!r} says {resource.heartbeat_interval_s:g} s "
+            f"but its member sensors tick every {interval_s:g} s; pass the same value to member_sensors()"
+        )
 
 
 def evaluate_member_tick(

@@ -84,6 +84,20 @@ def test_idle_member_says_what_it_owns(kafka_bootstrap: str, kafka_topics: Topic
         assert f"owns {topic}:0, {topic}:1" in (result.skip_reason.skip_message or "")
 
 
+def test_a_sensor_interval_other_than_the_resources_heartbeat_fails_the_tick(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """Sensors tick every 1 s here; a resource that counts 10 s heartbeats would judge liveness on the
+    wrong clock, so the tick fails, naming the field, before touching the group."""
+    topic = kafka_topics(partitions=1)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, heartbeat_interval_s=10.0)
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    with dg.instance_for_test() as instance, pytest.raises(Exception, match=r"heartbeat_interval_s: .* says 10 s"):
+        SensorDriver(sensor, instance, resource).tick()
+    assert resource.member("m").load() is None
+
+
 def test_a_run_that_ended_without_reporting_is_retried_then_parked(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:
