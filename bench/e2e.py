@@ -1,7 +1,7 @@
 """The example end to end under ``dagster dev``: how long draining a backlog takes against a raw consumer.
 
 ``python -m bench.e2e [--records 200000] [--partitions 8] [--members 3] [--max-records-per-run 100000]
-[--warmup-records 8000] [--spark connect|local] [--overhead-repeats 3] [--timeout 1800]``
+[--warmup-records 8000] [--spark connect|local] [--overhead-repeats 3] [--memory-runs 100] [--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
@@ -12,7 +12,10 @@
    (``warmup_s``: a deployment's first runs also pay for its Spark server compiling these queries); then
    ``--records`` clickstream events arrive, and ``drain_s`` is the time from the end of producing until
    Kafka's group offsets reach the high watermarks; the run timeline and the CPU each part spent are printed;
-4. ``raw_consumer_s``: one confluent-kafka consumer reads the same backlog (the project's range reader, in
+4. ``connect_server_rss_mb_after_100_runs``: after the drain, ``--memory-runs`` more runs of the
+   ``per_run_overhead_s`` kind, one after another on the same Connect server, with the server tree's RSS
+   sampled every 10 (``connect_server_rss_mb_by_run``): its memory stays bounded over many runs;
+5. ``raw_consumer_s``: one confluent-kafka consumer reads the same backlog (the project's range reader, in
    this process).
 
 The last line is one JSON object.
@@ -25,7 +28,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench.spark_overhead import consecutive_runs, mib, run_process
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
 from dagster_streamgroup.local import procfs
@@ -44,7 +47,6 @@ from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.streams.kafka import PartitionRange, read_ranges
 from jobs.clickstream_events import produce_burst, producers
 
-PROBE_ROWS = 1000
 ASSET = "page_views_per_minute"
 PARTS = (
     (b"dagster._daemon", "daemon"),
@@ -68,12 +70,7 @@ def raw_consumer_seconds(
 
 def probe(target: list[str]) -> float:
     """One new process: session + first read of 1,000 rows through a Python Data Source."""
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    command = [sys.executable, "-m", "dagster_streamgroup.local.spark_probe", *target, "--rows", str(PROBE_ROWS)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"probe {target} failed:\n{done.stderr[-2000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["overhead_s"])
+    return float(run_process(target)["overhead_s"])
 
 
 def of_backlog(run: dict[str, Any], starts: dict[str, int]) -> bool:
@@ -236,10 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-records", type=int, default=8_000, help="drained before the timed backlog")
     parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
     parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument(
+        "--memory-runs", type=int, default=100, help="consecutive Connect runs after the drain, for the server's RSS"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
     args = parser.parse_args(argv)
     if min(args.records, args.partitions, args.members, args.max_records_per_run, args.warmup_records) < 1:
         parser.error("--records, --partitions, --members, --max-records-per-run and --warmup-records must be >= 1")
+    if args.memory_runs < 0:
+        parser.error("--memory-runs must be >= 0")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dagster_streamgroup.local.spark_connect import running_connect_server
@@ -267,6 +269,14 @@ def main(argv: list[str] | None = None) -> int:
             roots = {"spark_connect_server": server.pid, **({"broker": broker.pid} if broker.pid else {})}
             drained, starts = drain(args, broker.bootstrap, topic, remote_or_none, Path(tmp), produce, roots)
             result.update(drained)
+            if args.memory_runs:  # after the drain, so the drain meets the server as a deployment does
+                rss_before = mib(procfs.tree_rss_bytes(server.pid))
+                _, rss_by_run, rss_at_100 = consecutive_runs(server, args.memory_runs)
+                result.update(
+                    connect_server_rss_mb_before_runs=rss_before,
+                    connect_server_rss_mb_after_100_runs=rss_at_100,
+                    connect_server_rss_mb_by_run=rss_by_run,
+                )
         backend = KafkaStreamGroup(group="bench", bootstrap_servers=broker.bootstrap, topics=[topic]).backend()
         highs = {s: m.high for s, m in backend.watermarks(backend.shards()).items()}
         raw_s, records = raw_consumer_seconds(broker.bootstrap, topic, starts, highs)

@@ -53,6 +53,29 @@ def run_process(target: list[str]) -> dict[str, Any]:
     return result
 
 
+def consecutive_runs(
+    server: ConnectServer, runs: int
+) -> tuple[list[dict[str, Any]], list[tuple[int, float]], float | None]:
+    """``runs`` Connect runs one after another, each a new process, sampling the server tree's RSS every 10:
+    the runs, the samples ``(runs so far, MiB)``, and the RSS after the 100th run (None if fewer)."""
+    done: list[dict[str, Any]] = []
+    rss_by_run: list[tuple[int, float]] = []
+    rss_at_100: float | None = None
+    for index in range(1, runs + 1):
+        done.append(run_process(["--remote", server.remote]))
+        if index % 10 == 0 or index == runs:
+            rss = mib(procfs.tree_rss_bytes(server.pid))
+            rss_by_run.append((index, rss))
+            if index == 100:
+                rss_at_100 = rss
+            print(
+                f"after {index} runs: tree rss {rss} MiB, {len(procfs.process_tree(server.pid))} processes, "
+                f"last run {done[-1]}",
+                flush=True,
+            )
+    return done, rss_by_run, rss_at_100
+
+
 def kafka_phase(server: ConnectServer, repeats: int) -> dict[str, list[dict[str, Any]]]:
     """Alternate Connect and classic runs that read 1,000 records through the Kafka source."""
     runs: dict[str, list[dict[str, Any]]] = {"connect": [], "local": []}
@@ -116,21 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 local_runs.append(run_process(["--master", "local[2]"]))
                 print(f"local run {index + 1}: {local_runs[-1]}", flush=True)
 
-        rss_by_run: list[tuple[int, float]] = []
-        memory_runs: list[dict[str, Any]] = []
-        rss_at_100: float | None = None
-        for index in range(1, args.runs + 1):
-            memory_runs.append(run_process(["--remote", server.remote]))
-            if index % 10 == 0 or index == args.runs:
-                rss = mib(procfs.tree_rss_bytes(server.pid))
-                rss_by_run.append((index, rss))
-                if index == 100:
-                    rss_at_100 = rss
-                print(
-                    f"after {index} runs: tree rss {rss} MiB, {len(procfs.process_tree(server.pid))} processes, "
-                    f"last run {memory_runs[-1]}",
-                    flush=True,
-                )
+        memory_runs, rss_by_run, rss_at_100 = consecutive_runs(server, args.runs)
         rss_end, pss_end = procfs.tree_rss_bytes(server.pid), procfs.tree_pss_bytes(server.pid)
         processes_end = len(procfs.process_tree(server.pid))
         kafka_runs = kafka_phase(server, args.kafka_repeats) if args.kafka_repeats else {}
