@@ -148,6 +148,11 @@ def _contiguous_offsets(msgs: Sequence[Message], lo: int, hi: int, out: np.ndarr
         out[lo:hi] = np.fromiter(map(Message.offset, msgs[lo:hi]), dtype=np.int64, count=hi - lo)
 
 
+def _run_bounds(partitions: np.ndarray[Any, np.dtype[np.int32]]) -> list[int]:
+    """Where each run of one partition starts in a consumed batch, and the batch's length at the end."""
+    return [0, *(np.flatnonzero(partitions[1:] != partitions[:-1]) + 1).tolist(), len(partitions)]
+
+
 @dataclass
 class _BatchIndex:
     """One consumed batch with its offsets and partitions as arrays, so that the reader's bookkeeping costs
@@ -174,8 +179,7 @@ class _BatchIndex:
             keys = list(zip(cast("list[str]", list(map(Message.topic, msgs))), partitions.tolist(), strict=True))
             offsets = np.fromiter(map(Message.offset, msgs), dtype=np.int64, count=n)
         else:  # a consumed batch holds a few runs of one partition each
-            bounds = [0, *(np.flatnonzero(partitions[1:] != partitions[:-1]) + 1).tolist(), n]
-            for lo, hi in pairwise(bounds):
+            for lo, hi in pairwise(_run_bounds(partitions)):
                 _contiguous_offsets(msgs, lo, hi, offsets)
         return cls(msgs, offsets, partitions, topic, keys)
 
@@ -185,8 +189,8 @@ class _BatchIndex:
             return {(cast(str, self.topic), self.partitions): int(self.offsets[-1])}
         if self.keys is not None:
             return dict(zip(self.keys, self.offsets.tolist(), strict=True))
-        run_ends = [*np.flatnonzero(self.partitions[1:] != self.partitions[:-1]).tolist(), len(self.msgs) - 1]
         topic = cast(str, self.topic)
+        run_ends = [end - 1 for end in _run_bounds(self.partitions)[1:]]
         return {(topic, int(self.partitions[i])): int(self.offsets[i]) for i in run_ends}
 
     def before_ends(self, ends: Mapping[tuple[str, int], int]) -> _BatchIndex | None:
@@ -215,7 +219,7 @@ def messages_to_batch(
     msgs: Sequence[Message],
     offsets: np.ndarray[Any, np.dtype[np.int64]],
     topic: str | None,
-    partitions: int | np.ndarray[Any, np.dtype[np.int32]] | None,
+    partitions: int | np.ndarray[Any, np.dtype[np.int32]],
 ) -> pa.RecordBatch:
     """Build one Arrow batch column by column. ``map`` over the C-level accessors and numpy for the
     arithmetic keep the Python work per record to a handful of C calls (measured: about 0.35 us per
@@ -224,10 +228,8 @@ def messages_to_batch(
     topics = _constant_strings(topic, n) if topic is not None else pa.array(list(map(Message.topic, msgs)), pa.string())
     if isinstance(partitions, int):
         partition_column = pa.array(np.full(n, partitions, dtype=np.int32))
-    elif partitions is not None:
-        partition_column = pa.array(partitions)
     else:
-        partition_column = pa.array(np.fromiter(map(Message.partition, msgs), dtype=np.int32, count=n))
+        partition_column = pa.array(partitions)
     # (type, ms) pairs flattened in C; confluent-kafka types are 0 n/a, 1 create, 2 log append time,
     # Spark's (Java's) are -1, 0, 1.
     stamps = np.fromiter(chain.from_iterable(map(Message.timestamp, msgs)), dtype=np.int64, count=2 * n)
