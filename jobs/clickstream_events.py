@@ -25,7 +25,7 @@ from typing import Any
 import v3io.dataplane
 from confluent_kafka import Producer
 
-from dagster_streamgroup.local.kafka_data import BULK_PRODUCER, SINGLE_RECORD_BATCHES, create_topics
+from dagster_streamgroup.local.kafka_data import BULK_PRODUCER, SINGLE_RECORD_BATCHES, create_topics, produce_or_wait
 from dagster_streamgroup.streams.kafka_config import PropertyValue
 from dagster_streamgroup.streams.v3io_config import ACCESS_KEY_ENV, normalise_endpoint
 
@@ -49,12 +49,7 @@ def produce_burst(
     now_ms = int(time.time() * 1000)
     for _ in range(count):
         key, value = event(rng, now_ms)
-        while True:
-            try:
-                bulk.produce(topic, value, key)
-                break
-            except BufferError:
-                bulk.poll(0.05)
+        produce_or_wait(bulk, topic, value, key=key)
     _flush(bulk)
     for partition in range(partitions):
         key, value = event(rng, now_ms)

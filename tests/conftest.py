@@ -7,8 +7,11 @@ End-to-end tests (marker ``e2e``) run a real ``dagster dev`` over hundreds of th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from dagster_streamgroup.dagster.resources import release_cached_clients
 
 pytest_plugins = [
     "tests.fixtures.postgres",
@@ -28,3 +31,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "e2e" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _release_clients() -> Iterator[None]:
+    """Each test's cached clients end with it: one left to a broker or server that a test stopped would
+    reconnect, and log a refused connection, for the rest of the session."""
+    yield
+    release_cached_clients()

@@ -61,6 +61,21 @@ def _cached(cache: dict[str, tuple[str, T]], identity: str, credentials: str, ma
         return entry[1]
 
 
+def release_cached_clients() -> None:
+    """Close and forget every cached store and stream client of this process.
+
+    For a process that outlives the servers its clients talk to (a test session stopping its broker, a
+    code server told to reload): a librdkafka client left alive reconnects and logs a refused connection
+    every second until the process ends."""
+    with _cache_lock:
+        clients: list[StateStore | StreamBackend] = [client for _, client in _stores.values()]
+        clients += [client for _, client in _backends.values()]
+        _stores.clear()
+        _backends.clear()
+    for client in clients:
+        client.close()
+
+
 def default_store_url() -> str:
     """SQLite next to the Dagster instance, so sensors, runs and the CLI of one host agree on the file."""
     home = os.environ.get("DAGSTER_HOME")

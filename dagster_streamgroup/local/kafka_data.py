@@ -91,6 +91,20 @@ class _Deliveries:
             raise RuntimeError(f"{len(self.errors)} records were not delivered, e.g. {self.errors[0]}")
 
 
+def produce_or_wait(producer: Producer, topic: str, value: bytes | None, **kwargs: object) -> None:
+    """``producer.produce``, waiting for deliveries while librdkafka's local queue is full.
+
+    The queue holds ``queue.buffering.max.messages`` records (100,000 by default); past that ``produce`` raises
+    ``BufferError`` instead of blocking, so a loop that produces faster than the broker acknowledges must poll
+    and try again rather than fail or drop the record."""
+    while True:
+        try:
+            producer.produce(topic, value, **kwargs)  # type: ignore[arg-type]
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def _flush(producer: Producer, timeout_s: float) -> None:
     left = producer.flush(timeout_s)
     if left:
@@ -112,12 +126,7 @@ def produce_sample(
     deliveries = _Deliveries()
     producer = Producer({**BULK_PRODUCER, **_config(client)})
     for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value, str(i).encode(), i % partitions, on_delivery=deliveries)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_or_wait(producer, topic, value, key=str(i).encode(), partition=i % partitions, on_delivery=deliveries)
         if i % 10_000 == 0:
             producer.poll(0)
     _flush(producer, flush_timeout_s)
@@ -151,7 +160,8 @@ def produce_records(
 
     producer = Producer({**SINGLE_RECORD_BATCHES, "enable.idempotence": True, **_config(client)})
     for i, value in enumerate(values):
-        producer.produce(
+        produce_or_wait(
+            producer,
             topic,
             value,
             key=keys[i] if keys is not None else None,

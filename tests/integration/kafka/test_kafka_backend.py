@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
+from dagster_streamgroup.local.kafka_data import produce_or_wait, produce_records, produce_sample
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.stores.memory import MemoryStore
@@ -233,7 +233,7 @@ def test_retention_loss_raises_offset_out_of_range_on_a_trimming_broker() -> Non
     broker = next(iter(metadata.brokers.values()))
     bootstrap = f"{broker.host}:{broker.port}"
     for i in range(120_000):
-        producer.produce("trimmed", b"x" * 100, partition=0)
+        produce_or_wait(producer, "trimmed", b"x" * 100, partition=0)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
