@@ -47,6 +47,9 @@ class SimConfig:
     p_run_fail: float = 0.0
     p_run_vanish: float = 0.0
     """A run that dies without reporting (killed worker): its member notices the run ended, as Dagster shows."""
+    p_run_straggle: float = 0.0
+    """A run that outlasts a session timeout plus the drain timeout (a stuck or paused run process): if its
+    member is evicted meanwhile, it becomes a zombie whose commit comes after its range was relaunched."""
     faults: bool = False
     max_skew_s: float = 0.0
     cold_start: bool = True
@@ -80,10 +83,22 @@ class SimResult:
 
 @dataclass
 class _Run:
-    launch: Launch
+    launches: list[Launch]
+    """The run's ranges (one per shard), all under one run key."""
     ends_at: float
     outcome: str  # "ok" | "fail" | "vanish"
     done: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, tuple[int, ...]]:
+        """What the orchestrator deduplicates a request by: the run key, per member (Dagster scopes run keys
+        to the sensor), with the epochs the launcher adds."""
+        first = self.launches[0]
+        return first.run_key, first.member_id, tuple(launch.epoch for launch in self.launches)
+
+    @property
+    def member_id(self) -> str:
+        return self.launches[0].member_id
 
 
 @dataclass
@@ -108,8 +123,8 @@ class Simulation:
         shard_ids = [f"s{i:05d}" for i in range(config.shards)]
         self.state = protocol.sync_shards(self.state, shard_ids, 0.0)
         self.members = {f"m{i:03d}": _Member(f"m{i:03d}") for i in range(config.members)}
-        self.runs: dict[str, _Run] = {}
-        self.active: dict[str, _Run] = {}
+        self.runs: dict[tuple[str, str, tuple[int, ...]], _Run] = {}
+        self.active: dict[tuple[str, str, tuple[int, ...]], _Run] = {}
         """Runs that may still commit (not finished, not vanished): what the single-writer check looks at."""
         self.violations: list[str] = []
         self.coverage: dict[str, list[tuple[int, int, str]]] = {s: [] for s in shard_ids}
@@ -119,6 +134,8 @@ class Simulation:
         self.giveups = 0
         self.accepted = 0
         self.refused = 0
+        self.committed_by: set[tuple[str, str, str, int]] = set()
+        """(shard, run key, member, epoch) of every accepted commit: who may be told ``already_committed``."""
         self.balanced_at: float | None = None
         self.crashed_member: str | None = None
         self.crash_time: float | None = None
@@ -245,17 +262,16 @@ class Simulation:
             self.at(max(next_at, member.paused_until), lambda: self._tick(member))
             return
         vanished = [
-            r.launch
+            r
             for r in self.runs.values()
-            if r.outcome == "vanish" and r.ends_at <= self.now and not r.done and r.launch.member_id == member.member_id
+            if r.outcome == "vanish" and r.ends_at <= self.now and not r.done and r.member_id == member.member_id
         ]
 
         def transition(state: GroupState, now: float) -> tuple[GroupState, list[Launch]]:
             started = time.thread_time()
-            for launch in vanished:
-                state, _ = protocol.fail(
-                    state, protocol.report_of(launch), "run ended without reporting", now, self.cfg.policy
-                )
+            for run in vanished:
+                reports = [protocol.report_of(launch) for launch in run.launches]
+                state, _ = protocol.fail_run(state, reports, "run ended without reporting", now, self.cfg.policy)
             state = protocol.membership_step(state, member.member_id, now, self.cfg.policy)
             wanted = protocol.owned_idle_shards(state, member.member_id)
             marks = {sid: self.watermark(sid, self.now) for sid in wanted}
@@ -265,10 +281,10 @@ class Simulation:
 
         def done(launches: list[Launch] | None) -> None:
             member.busy = False
-            for launch in vanished:
-                self.runs[launch.run_key].done = True
-            for launch in launches or []:
-                self._launch(launch)
+            for run in vanished:
+                run.done = True
+            for ranges in protocol.runs_of(launches or []).values():
+                self._launch(ranges)
             self.at(max(next_at, self.now), lambda: self._tick(member))
 
         member.busy = True
@@ -276,8 +292,9 @@ class Simulation:
 
     # -- runs -----------------------------------------------------------------------------------
 
-    def _launch(self, launch: Launch) -> None:
-        if launch.run_key in self.runs:
+    def _launch(self, launches: list[Launch]) -> None:
+        first = launches[0]
+        if (first.run_key, first.member_id, tuple(x.epoch for x in launches)) in self.runs:
             return
         roll = self.rng.random()
         outcome = (
@@ -288,36 +305,44 @@ class Simulation:
             else "ok"
         )
         ends = self.now + self.rng.uniform(*self.cfg.run_s)
-        run = _Run(launch=launch, ends_at=ends, outcome=outcome)
-        self.runs[launch.run_key] = run
+        if self.rng.random() < self.cfg.p_run_straggle:
+            policy = self.cfg.policy
+            ends += (
+                policy.session_timeout_s + policy.drain_timeout_s + self.rng.uniform(0, 4 * policy.heartbeat_interval_s)
+            )
+        run = _Run(launches=launches, ends_at=ends, outcome=outcome)
+        self.runs[run.key] = run
         if outcome != "vanish":
-            self.active[launch.run_key] = run
+            self.active[run.key] = run
             self.at(ends, lambda: self._finish(run))
 
     def _finish(self, run: _Run) -> None:
-        report = protocol.report_of(run.launch)
-        if run.launch.start < self.watermark(run.launch.shard, self.now).low:
+        reports = [protocol.report_of(launch) for launch in run.launches]
+        if any(launch.start < self.watermark(launch.shard, self.now).low for launch in run.launches):
             run.outcome = "fail"
         if run.outcome == "fail":
 
             def failing(state: GroupState, now: float) -> tuple[GroupState, Any]:
-                return protocol.fail(state, report, "simulated failure", now, self.cfg.policy)
+                return protocol.fail_run(state, reports, "simulated failure", now, self.cfg.policy)
 
             self._cas(failing, now_of=lambda: self.now, done=lambda _r: setattr(run, "done", True))
             return
 
         def committing(state: GroupState, _now: float) -> tuple[GroupState, Any]:
-            new_state, outcome = protocol.commit(state, report)
+            new_state, outcome = protocol.commit_run(state, reports)
             if self.cfg.check_invariants:
-                self._check_commit_oracle(state, report, outcome)
+                self._check_commit_oracle(state, reports, outcome)
             return new_state, outcome
 
-        def done(outcome: Any) -> None:
+        def done(outcome: protocol.RunCommitOutcome | None) -> None:
             run.done = True
             if outcome is None:
                 return
-            if outcome.accepted and not outcome.already_committed:
+            fresh = [o for o in outcome.outcomes.values() if o.accepted and not o.already_committed]
+            if outcome.accepted and fresh:
                 self.accepted += 1
+                for report in reports:
+                    self.committed_by.add((report.shard, report.run_key, report.member_id, report.epoch))
             elif not outcome.accepted:
                 self.refused += 1
 
@@ -360,19 +385,33 @@ class Simulation:
 
     # -- invariants -----------------------------------------------------------------------------
 
-    def _check_commit_oracle(self, state: GroupState, report: RangeReport, outcome: protocol.CommitOutcome) -> None:
-        shard = state.shards.get(report.shard)
-        if shard is None or outcome.already_committed:
-            return
-        valid = (
-            shard.owner == report.member_id
-            and shard.epoch == report.epoch
-            and shard.committed == report.start
-            and shard.inflight is not None
-            and shard.inflight.run_key == report.run_key
-        )
-        if outcome.accepted != valid:
-            self.violations.append(f"commit oracle: {report} accepted={outcome.accepted} expected {valid}")
+    def _check_commit_oracle(
+        self, state: GroupState, reports: list[RangeReport], outcome: protocol.RunCommitOutcome
+    ) -> None:
+        """The protocol's answer against the simulator's own record: a fresh commit is valid only for the run
+        in flight, and ``already_committed`` only for the very run (key, member, epoch) whose commit was
+        accepted before; a run's ranges are accepted together or not at all."""
+        verdicts = []
+        for report in reports:
+            shard = state.shards.get(report.shard)
+            one = outcome.outcomes[report.shard]
+            if one.already_committed:
+                made_it = (report.shard, report.run_key, report.member_id, report.epoch) in self.committed_by
+                if not made_it:
+                    self.violations.append(f"commit oracle: {report} told already_committed by another run's commit")
+                verdicts.append(made_it)
+                continue
+            valid = (
+                shard is not None
+                and shard.owner == report.member_id
+                and shard.epoch == report.epoch
+                and shard.committed == report.start
+                and shard.inflight is not None
+                and shard.inflight.run_key == report.run_key
+            )
+            verdicts.append(valid)
+        if outcome.accepted != all(verdicts):
+            self.violations.append(f"commit oracle: run {reports[0].run_key} accepted={outcome.accepted}, {verdicts}")
 
     def _check_step(self, before: GroupState, after: GroupState) -> None:
         for shard_id, new in after.shards.items():
@@ -400,14 +439,15 @@ class Simulation:
             if run.done or run.outcome != "ok":
                 del self.active[key]
                 continue
-            shard = state.shards[run.launch.shard]
-            if (
-                shard.inflight is not None
-                and shard.inflight.run_key == run.launch.run_key
-                and shard.epoch == run.launch.epoch
-                and shard.owner == run.launch.member_id
-            ):
-                committable[run.launch.shard] = committable.get(run.launch.shard, 0) + 1
+            for launch in run.launches:
+                shard = state.shards[launch.shard]
+                if (
+                    shard.inflight is not None
+                    and shard.inflight.run_key == launch.run_key
+                    and shard.epoch == launch.epoch
+                    and shard.owner == launch.member_id
+                ):
+                    committable[launch.shard] = committable.get(launch.shard, 0) + 1
         for shard_id, count in committable.items():
             if count > 1:
                 self.violations.append(f"double-owner: {count} runs of {shard_id} can commit")
@@ -464,6 +504,7 @@ def random_scenario(seed: int) -> SimConfig:
         after_max_attempts=rng.choice(["park", "dead_letter"]),
         on_data_loss=rng.choice(["fail", "earliest"]),
         seek=rng.choice(["earliest", "latest"]),
+        run_mode=rng.choice(["member", "member", "shard"]),
         min_backlog=rng.choice([1, 100]),
         max_wait_s=rng.choice([0.0, 10.0]),
     )
@@ -480,6 +521,7 @@ def random_scenario(seed: int) -> SimConfig:
         retention_records=rng.choice([None, None, 400]),
         p_run_fail=rng.choice([0.0, 0.1, 0.3]),
         p_run_vanish=rng.choice([0.0, 0.05]),
+        p_run_straggle=rng.choice([0.0, 0.1]),
         faults=True,
         max_skew_s=rng.choice([0.0, 2.0]),
         cold_start=rng.random() < 0.5,

@@ -24,7 +24,7 @@ def is_draining(state: GroupState, shard: ShardState) -> bool:
 
 
 def is_assignable(state: GroupState, shard: ShardState) -> bool:
-    return not shard.pending_predecessors and not is_draining(state, shard)
+    return not is_draining(state, shard)
 
 
 def quotas(state: GroupState) -> dict[str, int]:
@@ -39,8 +39,6 @@ def _ownership(state: GroupState) -> tuple[dict[str, list[str]], list[str]]:
     owned: dict[str, list[str]] = {mid: [] for mid in members}
     free: list[str] = []
     for shard_id, shard in state.shards.items():
-        if shard.pending_predecessors:
-            continue
         owner = shard.owner
         if owner in owned:
             owned[owner].append(shard_id)

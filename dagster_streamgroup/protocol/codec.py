@@ -56,6 +56,11 @@ def decode_state(text: str | bytes, *, where: str) -> GroupState:
             f"{where}: the state was written by a newer dagster-streamgroup (schema {version}, this version "
             f"reads up to {SCHEMA_VERSION}); upgrade this member instead of overwriting it"
         )
+    if version < 3:
+        # Version 3 dropped successor gating, which no member ever fed: the field was always empty.
+        for shard in (raw.get("shards") or {}).values():
+            if isinstance(shard, dict):
+                shard.pop("pending_predecessors", None)
     try:
         state = GroupState.model_validate(raw)
     except ValidationError as exc:

@@ -1,13 +1,16 @@
-"""How a run's range ends: commit (fenced), fail (retry, then park or dead-letter), and operator actions.
+"""How a run's ranges end: commit (fenced), fail (retry, then park or dead-letter), and operator actions.
 
 A commit succeeds only if the run still holds the shard: same owner, same epoch, the shard's committed
 offset equals the range start, and the in-flight record is this run's. Anything else is a typed refusal
 that names the reason and the current owner, and offsets never move backwards. Replaying an accepted
-commit (an ambiguous CAS write retried) reports ``already_committed`` instead of a refusal.
+commit (an ambiguous CAS write retried) reports ``already_committed`` to the run that made it, and only to
+it: same run key, member and epoch. A run over several ranges commits all of them in one transition or
+none (``commit_run``), each range checked on its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -16,6 +19,7 @@ from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.planning import Launch
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import (
+    DeadLetter,
     EventKind,
     GroupEvent,
     GroupState,
@@ -81,7 +85,13 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
         return state, CommitOutcome(
             accepted=False, refusal=Refusal.UNKNOWN_SHARD, message=f"shard {report.shard} is not in the group"
         )
-    if shard.last_run_key == report.run_key and shard.committed is not None and shard.committed >= report.end:
+    if (
+        shard.last_run_key == report.run_key
+        and shard.last_commit_member == report.member_id
+        and shard.last_commit_epoch == report.epoch
+        and shard.committed is not None
+        and shard.committed >= report.end
+    ):
         return state, CommitOutcome(
             accepted=True,
             already_committed=True,
@@ -118,7 +128,16 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
             Refusal.WRONG_START,
             f"shard {report.shard}: committed offset is {shard.committed}, the range starts at {report.start}",
         )
-    done = evolve(shard, committed=report.end, inflight=None, attempt=0, retry_end=None, last_run_key=report.run_key)
+    done = evolve(
+        shard,
+        committed=report.end,
+        inflight=None,
+        attempt=0,
+        retry_end=None,
+        last_run_key=report.run_key,
+        last_commit_member=report.member_id,
+        last_commit_epoch=report.epoch,
+    )
     done = _leave_if_departed(state, done)
     new_state = state.model_copy(update={"shards": {**state.shards, report.shard: done}})
     return new_state, CommitOutcome(
@@ -128,6 +147,43 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
         committed=done.committed,
         message=f"committed shard {report.shard} up to {report.end}",
     )
+
+
+class RunCommitOutcome(BaseModel):
+    """The commit of a run's ranges: all accepted in one state write, or none (each refusal typed per shard)."""
+
+    model_config = ConfigDict(frozen=True)
+    accepted: bool
+    outcomes: dict[str, CommitOutcome]
+
+    @property
+    def refusals(self) -> dict[str, CommitOutcome]:
+        return {shard: o for shard, o in self.outcomes.items() if not o.accepted}
+
+    @property
+    def message(self) -> str:
+        refused = self.refusals
+        if not refused:
+            return "; ".join(o.message for o in self.outcomes.values())
+        return "; ".join(o.message for o in refused.values())
+
+
+def commit_run(state: GroupState, reports: Sequence[RangeReport]) -> tuple[GroupState, RunCommitOutcome]:
+    """Commit every range of one run, or none: a run's output covers all its ranges, so committing part of it
+    would leave the rest to be processed again by a run that also redoes what was committed."""
+    if len({r.shard for r in reports}) != len(reports):
+        raise ValueError("a run holds at most one range per shard")
+    if len({r.run_key for r in reports}) > 1:
+        raise ValueError("the ranges of one commit must belong to one run")
+    outcomes: dict[str, CommitOutcome] = {}
+    new_state = state
+    for report in reports:
+        new_state, outcome = commit(new_state, report)
+        outcomes[report.shard] = outcome
+    if all(o.accepted for o in outcomes.values()):
+        return new_state, RunCommitOutcome(accepted=True, outcomes=outcomes)
+    # All or nothing: the checks of the others stand, their changes are dropped.
+    return state, RunCommitOutcome(accepted=False, outcomes=outcomes)
 
 
 class FailOutcome(StrEnum):
@@ -169,6 +225,10 @@ def fail(
     else:
         updated = evolve(base, attempt=0, retry_end=None, committed=max(report.end, shard.committed or 0))
         kind, outcome = EventKind.DEAD_LETTER, FailOutcome.DEAD_LETTERED
+        letter = DeadLetter(
+            shard=report.shard, start=report.start, end=report.end, reason=detail, at=now, run_key=report.run_key
+        )
+        state = state.model_copy(update={"dead_letters": (*state.dead_letters, letter)})
     updated = _leave_if_departed(state, updated)
     event = GroupEvent(
         kind=kind,
@@ -210,4 +270,32 @@ def unpark(state: GroupState, shard_id: str, now: float, *, skip: bool = False) 
         detail=("skipped by an operator: " if skip else "unparked by an operator: ") + parked.reason,
     )
     new_state = state.model_copy(update={"shards": {**state.shards, shard_id: evolve(shard, **update)}})
+    if skip:
+        letter = DeadLetter(
+            shard=shard_id,
+            start=parked.start,
+            end=parked.end,
+            reason="skipped by an operator: " + parked.reason,
+            at=now,
+        )
+        new_state = new_state.model_copy(update={"dead_letters": (*new_state.dead_letters, letter)})
     return add_events(new_state, event)
+
+
+def fail_run(
+    state: GroupState, reports: Sequence[RangeReport], reason: str, now: float, policy: GroupPolicy
+) -> tuple[GroupState, dict[str, FailOutcome]]:
+    """Every range of a failed run is retried (or given up) on its own shard, in one state write."""
+    outcomes: dict[str, FailOutcome] = {}
+    for report in reports:
+        state, outcomes[report.shard] = fail(state, report, reason, now, policy)
+    return state, outcomes
+
+
+def resolve_dead_letters(state: GroupState, shard: str | None = None) -> tuple[GroupState, list[DeadLetter]]:
+    """Operator action: the dead letters of ``shard`` (or all) were dealt with; they leave the state."""
+    resolved = [d for d in state.dead_letters if shard is None or d.shard == shard]
+    if not resolved:
+        return state, []
+    kept = tuple(d for d in state.dead_letters if not (shard is None or d.shard == shard))
+    return state.model_copy(update={"dead_letters": kept}), resolved

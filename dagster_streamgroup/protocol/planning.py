@@ -7,7 +7,9 @@ losing or doubling it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
@@ -33,10 +35,15 @@ class Watermark(BaseModel):
     given for a shard not positioned yet: a group whose state was lost or moved (a new store, a changed
     bootstrap list) resumes where the stream says it was, like a Kafka consumer, and only a group the stream
     has never seen follows the seek policy."""
+    at_timestamp: int | None = None
+    """Under ``seek='timestamp'``, for a shard not positioned yet: the first offset at or after the policy's
+    timestamp (the high watermark if no record is that recent)."""
 
 
 class Launch(BaseModel):
-    """One range to run: everything a run needs to read its records and to present its commit."""
+    """One range to run: everything a run needs to read its records and to present its commit.
+
+    The ranges of one run share its ``run_key``; a shard has at most one range in flight."""
 
     model_config = ConfigDict(frozen=True)
     group: str
@@ -53,44 +60,57 @@ class Launch(BaseModel):
         return self.end - self.start
 
 
-def run_key(group: str, shard: str, start: int, end: int, attempt: int) -> str:
-    """Deterministic, so a re-request of the same range and attempt is deduplicated by the orchestrator."""
-    return f"{group}:{shard}:{start}-{end}:a{attempt}"
+def run_key(group: str, shard: str, start: int, end: int, attempt: int, epoch: int | None = None) -> str:
+    """The key of a run over one range: deterministic, so a re-request of the same range, attempt and epoch is
+    deduplicated by the orchestrator, and a relaunch under a new epoch (the shard moved and came back) is not."""
+    key = f"{group}:{shard}:{start}-{end}:a{attempt}"
+    return key if epoch is None else f"{key}:e{epoch}"
 
 
-def sync_shards(
-    state: GroupState,
-    shard_ids: Iterable[str],
-    now: float,
-    predecessors: Mapping[str, frozenset[str]] | None = None,
-) -> GroupState:
+def batch_run_key(group: str, member_id: str, ranges: Sequence[tuple[str, int, int, int, int]]) -> str:
+    """The key of a run over several ranges ``(shard, start, end, attempt, epoch)``: one range gives the
+    single-range key; more give ``<group>:<member>:<n>r:<digest>`` over all of them, so any change of a range,
+    an attempt or an epoch is a new key."""
+    if len(ranges) == 1:
+        shard, start, end, attempt, epoch = ranges[0]
+        return run_key(group, shard, start, end, attempt, epoch)
+    text = ";".join(f"{s}:{a}-{b}:a{n}:e{e}" for s, a, b, n, e in sorted(ranges))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"{group}:{member_id}:{len(ranges)}r:{digest}"
+
+
+def runs_of(launches: Iterable[Launch]) -> dict[str, list[Launch]]:
+    """Launches grouped by run, in the order their runs first appear, each run's ranges in shard order."""
+    runs: dict[str, list[Launch]] = {}
+    for launch in launches:
+        runs.setdefault(launch.run_key, []).append(launch)
+    return {key: sorted(ranges, key=lambda x: x.shard) for key, ranges in runs.items()}
+
+
+def sync_shards(state: GroupState, shard_ids: Iterable[str], now: float) -> GroupState:
     """Add shards the stream has now. Shards are never removed: their offsets are the group's memory.
 
     Shards found after the group was created are ``late``: they start at the earliest offset whatever the
-    seek policy, so the first records of a new partition are not skipped. ``predecessors`` gates a
-    successor until the shards it continues are read to their end (split/merge)."""
+    seek policy, so the first records of a new partition are not skipped."""
     new = [s for s in shard_ids if s not in state.shards]
     if not new:
         return state
     late = bool(state.shards)
-    gates = predecessors or {}
     shards = dict(state.shards)
     for shard_id in new:
-        pending = frozenset(p for p in gates.get(shard_id, frozenset()) if p != shard_id)
-        shards[shard_id] = ShardState(discovered_at=now, late=late, pending_predecessors=pending)
+        shards[shard_id] = ShardState(discovered_at=now, late=late)
     return state.model_copy(update={"shards": shards})
 
 
-def complete_shard(state: GroupState, shard_id: str) -> GroupState:
-    """A sealed shard was read to its end: successors waiting on it may now be claimed."""
-    changed = {
-        sid: evolve(shard, pending_predecessors=shard.pending_predecessors - {shard_id})
-        for sid, shard in state.shards.items()
-        if shard_id in shard.pending_predecessors
-    }
-    if not changed:
-        return state
-    return state.model_copy(update={"shards": {**state.shards, **changed}})
+@dataclass(frozen=True)
+class _Ready:
+    """A positioned, idle shard and what it could read now."""
+
+    shard_id: str
+    shard: ShardState
+    start: int
+    retry_end: int | None
+    backlog: int
 
 
 def plan(
@@ -100,50 +120,141 @@ def plan(
     watermarks: Mapping[str, Watermark],
     policy: GroupPolicy,
 ) -> tuple[GroupState, list[Launch]]:
-    """Position, check retention, and launch the next range of every idle shard ``member_id`` owns.
+    """Position, check retention, and launch the next ranges of the idle shards ``member_id`` owns.
 
-    Shards missing from ``watermarks`` (the backend did not answer for them) are left for the next tick."""
+    In member mode the new ranges of one tick form one run, sized by the backlog; a retry runs alone, so a
+    range that keeps failing is parked on its own and never takes healthy shards down with it. Shards missing
+    from ``watermarks`` (the backend did not answer for them) are left for the next tick."""
     if member_id not in state.members:
         return state, []
-    shards: dict[str, ShardState] | None = None
+    shards: dict[str, ShardState] = {}
     events: list[GroupEvent] = []
-    launches: list[Launch] = []
+    ready: list[_Ready] = []
     for shard_id, shard in state.shards.items():
         if shard.owner != member_id or shard.inflight is not None or shard.parked is not None:
             continue
         mark = watermarks.get(shard_id)
         if mark is None:
             continue
-        updated, launch, event = _plan_shard(state.group, shard_id, shard, member_id, now, mark, policy)
+        updated, candidate, event = _position(shard_id, shard, member_id, now, mark, policy)
         if updated is not shard:
-            if shards is None:
-                shards = dict(state.shards)
             shards[shard_id] = updated
-        if launch is not None:
-            launches.append(launch)
         if event is not None:
             events.append(event)
-    if shards is None:
-        return state, launches
-    return add_events(state.model_copy(update={"shards": shards}), *events), launches
+        if candidate is not None:
+            ready.append(candidate)
+    chosen: list[list[tuple[_Ready, int]]] = []
+    if policy.run_mode == "shard":
+        for candidate in ready:
+            end = _shard_mode_end(candidate, now, policy, shards)
+            if end is not None:
+                chosen.append([(candidate, end)])
+    else:
+        chosen = _member_mode_runs(ready, now, policy, shards)
+    launches: list[Launch] = []
+    for run in chosen:
+        key = batch_run_key(
+            state.group,
+            member_id,
+            [(c.shard_id, c.start, end, c.shard.attempt, c.shard.epoch) for c, end in run],
+        )
+        for candidate, end in run:
+            shard = shards.get(candidate.shard_id, candidate.shard)
+            launch = Launch(
+                group=state.group,
+                shard=candidate.shard_id,
+                start=candidate.start,
+                end=end,
+                attempt=shard.attempt,
+                epoch=shard.epoch,
+                member_id=member_id,
+                run_key=key,
+            )
+            inflight = InFlight(
+                start=launch.start,
+                end=end,
+                attempt=launch.attempt,
+                run_key=key,
+                epoch=launch.epoch,
+                member_id=member_id,
+                launched_at=now,
+            )
+            shards[candidate.shard_id] = evolve(shard, inflight=inflight, backlog_since=None)
+            launches.append(launch)
+    if not shards:
+        return add_events(state, *events), launches
+    return add_events(state.model_copy(update={"shards": {**state.shards, **shards}}), *events), launches
 
 
-def _plan_shard(
-    group: str,
+def _shard_mode_end(candidate: _Ready, now: float, policy: GroupPolicy, shards: dict[str, ShardState]) -> int | None:
+    """One run per shard range: a retry as it was, else once ``min_backlog`` records wait or a smaller
+    backlog has waited ``max_wait_s``."""
+    if candidate.retry_end is not None:
+        return candidate.retry_end
+    shard = shards.get(candidate.shard_id, candidate.shard)
+    if candidate.backlog < policy.min_backlog:
+        if shard.backlog_since is None:
+            shards[candidate.shard_id] = evolve(shard, backlog_since=now)
+            return None
+        if now - shard.backlog_since < policy.max_wait_s:
+            return None
+    return candidate.start + min(candidate.backlog, policy.max_records_per_run)
+
+
+def _member_mode_runs(
+    ready: list[_Ready], now: float, policy: GroupPolicy, shards: dict[str, ShardState]
+) -> list[list[tuple[_Ready, int]]]:
+    """Every retry alone, then one run over the fresh backlog of all ready shards once ``min_backlog`` records
+    wait in all or one shard's backlog has waited ``max_wait_s``; its budget is split by backlog."""
+    runs: list[list[tuple[_Ready, int]]] = [[(c, c.retry_end)] for c in ready if c.retry_end is not None]
+    fresh = [c for c in ready if c.retry_end is None]
+    waited = 0.0
+    for candidate in fresh:
+        shard = shards.get(candidate.shard_id, candidate.shard)
+        if shard.backlog_since is None:
+            shards[candidate.shard_id] = evolve(shard, backlog_since=now)
+        else:
+            waited = max(waited, now - shard.backlog_since)
+    if fresh and (sum(c.backlog for c in fresh) >= policy.min_backlog or waited >= policy.max_wait_s):
+        shares = split_budget({c.shard_id: c.backlog for c in fresh}, policy.max_records_per_run)
+        run = [(c, c.start + shares[c.shard_id]) for c in fresh if shares[c.shard_id] > 0]
+        if run:
+            runs.append(run)
+    return runs
+
+
+def split_budget(backlogs: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Records per shard for one run: every backlog whole if the budget allows, else shares in proportion to
+    the backlogs (largest remainders first), so the shards furthest behind catch up fastest and all of them
+    reach the stream's end together. The shares add up to at most ``budget``."""
+    total = sum(backlogs.values())
+    if total <= budget:
+        return dict(backlogs)
+    exact = {sid: budget * n / total for sid, n in backlogs.items()}
+    shares = {sid: int(x) for sid, x in exact.items()}
+    left = budget - sum(shares.values())
+    for sid in sorted(exact, key=lambda s: (shares[s] - exact[s], s))[:left]:
+        shares[sid] += 1
+    return shares
+
+
+def _position(
     shard_id: str,
     shard: ShardState,
     member_id: str,
     now: float,
     mark: Watermark,
     policy: GroupPolicy,
-) -> tuple[ShardState, Launch | None, GroupEvent | None]:
+) -> tuple[ShardState, _Ready | None, GroupEvent | None]:
+    """Where an idle shard stands: positioned (group offset, then seek policy), retention checked, offsets
+    past the stream's end held back. Returns what it could read now, or ``None``."""
     event: GroupEvent | None = None
     committed = shard.committed
     if committed is None:
-        if mark.group_committed is not None:
-            committed = mark.group_committed
-        else:
-            committed = mark.low if (policy.seek == "earliest" or shard.late) else mark.high
+        start = _initial_offset(shard, mark, policy)
+        if start is None:
+            return shard, None, None
+        committed = start
         shard = evolve(shard, committed=committed)
     if committed < mark.low:
         lost = f"offsets [{committed}, {mark.low}) fell out of retention before they were processed"
@@ -175,44 +286,30 @@ def _plan_shard(
         shard = evolve(shard, retry_end=None)  # retention loss skipped past the failed range
     seen = max(committed, retry_end or 0)  # the failed range's records existed when it was planned
     if seen > mark.high:
-        return _offsets_ahead(shard_id, shard, member_id, now, mark, policy, seen)
+        updated, event_ahead = _offsets_ahead(shard_id, shard, member_id, now, mark, policy, seen)
+        return updated, None, event_ahead or event
     if shard.ahead_since is not None:
         shard = evolve(shard, ahead_since=None)
     backlog = mark.high - committed
-    if retry_end is not None:
-        end = retry_end  # the failed range again, however much the backlog has grown
-    else:
-        if backlog <= 0:
-            if shard.backlog_since is not None:
-                shard = evolve(shard, backlog_since=None)
-            return shard, None, event
-        if backlog < policy.min_backlog:
-            if shard.backlog_since is None:
-                return evolve(shard, backlog_since=now), None, event
-            if now - shard.backlog_since < policy.max_wait_s:
-                return shard, None, event
-        end = committed + min(backlog, policy.max_records_per_run)
-    key = run_key(group, shard_id, committed, end, shard.attempt)
-    inflight = InFlight(
-        start=committed,
-        end=end,
-        attempt=shard.attempt,
-        run_key=key,
-        epoch=shard.epoch,
-        member_id=member_id,
-        launched_at=now,
-    )
-    launch = Launch(
-        group=group,
-        shard=shard_id,
-        start=committed,
-        end=end,
-        attempt=shard.attempt,
-        epoch=shard.epoch,
-        member_id=member_id,
-        run_key=key,
-    )
-    return evolve(shard, inflight=inflight, backlog_since=None), launch, event
+    if retry_end is None and backlog <= 0:
+        if shard.backlog_since is not None:
+            shard = evolve(shard, backlog_since=None)
+        return shard, None, event
+    return shard, _Ready(shard_id, shard, committed, retry_end, backlog), event
+
+
+def _initial_offset(shard: ShardState, mark: Watermark, policy: GroupPolicy) -> int | None:
+    """The first offset of a shard the group has not positioned: the group's offset as the stream records
+    it, else the seek policy (a shard found after the group started always from its earliest offset)."""
+    if mark.group_committed is not None:
+        return mark.group_committed
+    if policy.seek == "earliest" or shard.late:
+        return mark.low
+    if policy.seek == "latest":
+        return mark.high
+    if mark.at_timestamp is None:
+        return None  # the member did not look the timestamp up: position next tick
+    return min(max(mark.at_timestamp, mark.low), mark.high)
 
 
 def _offsets_ahead(
@@ -223,16 +320,16 @@ def _offsets_ahead(
     mark: Watermark,
     policy: GroupPolicy,
     seen: int,
-) -> tuple[ShardState, Launch | None, GroupEvent | None]:
+) -> tuple[ShardState, GroupEvent | None]:
     """The stream ends below an offset the group has seen (its committed offset, or the end of a failed range
     to retry): the stream was recreated or truncated, or (briefly) a new Kafka leader has not caught up its
     high watermark yet. Reading on would skip whatever the stream now holds below that offset, or wait for
     records that are gone, and moving the offset back is not ours to decide, so nothing is launched; if it
     lasts a session timeout, the shard is parked with an event."""
     if shard.ahead_since is None:
-        return evolve(shard, ahead_since=now), None, None
+        return evolve(shard, ahead_since=now), None
     if now - shard.ahead_since < policy.session_timeout_s:
-        return shard, None, None
+        return shard, None
     detail = (
         f"the stream's high watermark {mark.high} is below offset {seen}, which this group has seen "
         f"(committed {shard.committed}), since {now - shard.ahead_since:.0f} s: the stream was recreated or "
@@ -249,7 +346,7 @@ def _offsets_ahead(
         end=seen,
         detail=detail,
     )
-    return evolve(shard, parked=parked, ahead_since=None), None, event
+    return evolve(shard, parked=parked, ahead_since=None), event
 
 
 def inflight_launches(state: GroupState, member_id: str) -> list[Launch]:

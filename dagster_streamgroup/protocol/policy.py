@@ -28,16 +28,43 @@ class GroupPolicy(BaseModel):
         description="How long a run launched by a departed member may still commit before its shard is "
         "reassigned and its range launched again.",
     )
-    max_records_per_run: int = Field(default=100_000, gt=0, description="Upper bound of one range.")
-    min_backlog: int = Field(default=1, gt=0, description="Launch once this many records wait ...")
-    max_wait_s: float = Field(default=60.0, ge=0, description="... or once a smaller backlog waited this long.")
+    run_mode: Literal["member", "shard"] = Field(
+        default="member",
+        description="member: one run per member tick over all its ready shards (fixed costs paid once per batch); "
+        "shard: one run per shard range.",
+    )
+    max_records_per_run: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="Records one run reads at most. In member mode this budget is split across the member's "
+        "shards in proportion to their backlog; Spark splits large ranges into partitions itself.",
+    )
+    min_backlog: int = Field(
+        default=20_000,
+        gt=0,
+        description="Launch at once when this many records wait (across the member's ready shards in member "
+        "mode, per shard in shard mode) ...",
+    )
+    max_wait_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="... or once a smaller backlog has waited this long: the latency target of a quiet stream, "
+        "which keeps it from launching runs of a few records.",
+    )
     max_attempts: int = Field(default=3, gt=0, description="Runs of one range before the range is given up.")
     after_max_attempts: Literal["park", "dead_letter"] = Field(
         default="park",
         description="park: stop the shard until an operator unparks it; dead_letter: record the range and move on.",
     )
-    seek: Literal["earliest", "latest"] = Field(
-        default="earliest", description="Where a shard with no committed offset starts."
+    seek: Literal["earliest", "latest", "timestamp"] = Field(
+        default="earliest",
+        description="Where a shard with no committed offset starts: its earliest offset, its end, or the first "
+        "record at or after seek_timestamp_ms.",
+    )
+    seek_timestamp_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="With seek='timestamp': epoch milliseconds; like Spark's startingTimestamp.",
     )
     on_data_loss: Literal["fail", "earliest"] = Field(
         default="fail",
@@ -52,6 +79,14 @@ class GroupPolicy(BaseModel):
                 f"session_timeout_s ({self.session_timeout_s}) must be at least twice heartbeat_interval_s "
                 f"({self.heartbeat_interval_s}), or one late tick evicts a healthy member"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _seek_fits(self) -> Self:
+        if self.seek == "timestamp" and self.seek_timestamp_ms is None:
+            raise ValueError("seek_timestamp_ms: required when seek is 'timestamp'")
+        if self.seek != "timestamp" and self.seek_timestamp_ms is not None:
+            raise ValueError(f"seek_timestamp_ms: only used with seek='timestamp', seek is {self.seek!r}")
         return self
 
     @property

@@ -17,8 +17,11 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 STATE_KIND = "dagster-streamgroup/group-state"
-SCHEMA_VERSION = 2
-"""2: ``ShardState.retry_end`` and ``ahead_since``; a version-1 state reads as one with neither set."""
+SCHEMA_VERSION = 3
+"""2: ``ShardState.retry_end`` and ``ahead_since``; a version-1 state reads as one with neither set.
+3: ``ShardState.last_commit_member``/``last_commit_epoch`` and ``GroupState.dead_letters``; a version-2 state
+reads as one with none of them (a replayed commit of a range accepted before the upgrade is refused, not
+applied twice)."""
 
 
 T = TypeVar("T")
@@ -99,12 +102,14 @@ class ShardState:
     late: bool = False
     """Appeared after the group was created: positioned at the earliest offset even under ``latest``,
     so the first records of a new shard are never skipped (v3io-go IG-19366)."""
-    pending_predecessors: frozenset[str] = frozenset()
-    """Shards that must be read to their end before this one may be claimed (split/merge successors)."""
     backlog_since: float | None = None
     """When a backlog below ``min_backlog`` was first seen; launching waits at most ``max_wait`` after it."""
     last_run_key: str | None = None
     """Run key of the last accepted commit, so a replayed commit is recognised instead of refused."""
+    last_commit_member: str | None = None
+    last_commit_epoch: int | None = None
+    """Member and epoch of the run that made the last accepted commit: only that run may be told
+    ``already_committed``. A zombie relaunched under the same run key (a drain that expired) must be refused."""
     retry_end: int | None = None
     """End of the failed range that starts at ``committed``: its retries read exactly the same offsets. The
     failed attempt may have had side effects over them, and a retry grown with the backlog would spread an
@@ -139,6 +144,19 @@ class GroupEvent:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class DeadLetter:
+    """A range given up without being processed: kept in the state until an operator resolves it, so it
+    can neither go unnoticed nor drop out of view the way an event in the bounded event list does."""
+
+    shard: str
+    start: int
+    end: int
+    reason: str
+    at: float
+    run_key: str | None = None
+
+
 class GroupState(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -153,6 +171,8 @@ class GroupState(BaseModel):
     shards: dict[str, ShardState] = Field(default_factory=dict)
     events: tuple[GroupEvent, ...] = ()
     """The most recent events, newest last, bounded by ``MAX_EVENTS``."""
+    dead_letters: tuple[DeadLetter, ...] = ()
+    """Every range given up and not yet resolved by an operator, oldest first."""
 
 
 MAX_EVENTS = 200

@@ -26,10 +26,9 @@ def membership_step(
     now: float,
     policy: GroupPolicy,
     shard_ids: Iterable[str] | None = None,
-    predecessors: Mapping[str, frozenset[str]] | None = None,
 ) -> GroupState:
     if shard_ids is not None:
-        state = sync_shards(state, shard_ids, now, predecessors)
+        state = sync_shards(state, shard_ids, now)
     state = evict_stale(state, now, policy.session_timeout_s)
     state = heartbeat(state, member_id, now)
     state = expire_drains(state, now, policy.drain_timeout_s)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dagster_streamgroup import protocol
 from dagster_streamgroup.protocol import GroupPolicy, GroupState, Watermark
 
-POLICY = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, drain_timeout_s=60, max_records_per_run=100)
+POLICY = GroupPolicy(
+    heartbeat_interval_s=5,
+    session_timeout_s=20,
+    drain_timeout_s=60,
+    max_records_per_run=100,
+    min_backlog=1,
+    max_wait_s=60,
+)
 
 
 def group(shards: int = 4, members: tuple[str, ...] = (), now: float = 0.0) -> GroupState:
@@ -31,3 +38,8 @@ def balanced_start(shards: int, members: tuple[str, ...], policy: GroupPolicy = 
     """Members registered at t=0, then one rebalance after the grace period."""
     state = group(shards, members)
     return protocol.rebalance(state, members[0], policy.grace_s, policy)
+
+
+def policy_with(**fields: object) -> GroupPolicy:
+    """A policy that launches whatever waits at once (``min_backlog=1``), as most protocol tests want."""
+    return GroupPolicy(**{"min_backlog": 1, "max_wait_s": 60, **fields})  # type: ignore[arg-type]

@@ -57,14 +57,3 @@ def test_departed_member_shards_with_nothing_in_flight_are_reassigned_in_the_evi
     state = protocol.heartbeat(protocol.heartbeat(state, "b", 30.0), "c", 30.0)
     state = protocol.membership_step(state, "b", 30.0, policy)
     assert len(owned(state, "b")) == 3 and len(owned(state, "c")) == 3
-
-
-def test_successor_shards_wait_for_their_predecessors() -> None:
-    state = group(2, ("a",))
-    state = protocol.sync_shards(state, ["s2"], 1.0, predecessors={"s2": frozenset({"s0", "s1"})})
-    assert state.shards["s2"].late
-    state = protocol.rebalance(state, "a", 10.0, POLICY)
-    assert state.shards["s2"].owner is None
-    state = protocol.complete_shard(protocol.complete_shard(state, "s0"), "s1")
-    state = protocol.rebalance(state, "a", 10.0, POLICY)
-    assert state.shards["s2"].owner == "a"

@@ -10,7 +10,7 @@ from tests.unit.protocol_helpers import POLICY, balanced_start, marks
 def test_round_trip_keeps_every_field() -> None:
     state = balanced_start(3, ("a", "b"))
     state, _ = protocol.plan(state, "a", 5.0, marks(state), POLICY)
-    state = protocol.sync_shards(state, ["late"], 6.0, predecessors={"late": frozenset({"s0"})})
+    state = protocol.sync_shards(state, ["late"], 6.0)
     assert decode_state(encode_state(state), where="t") == state
 
 
@@ -34,14 +34,23 @@ def test_foreign_or_newer_states_are_refused(text: str, error: type[Exception], 
         decode_state(text, where="store:key")
 
 
-def test_a_version_1_state_reads_and_is_written_back_at_the_current_version() -> None:
-    """Version 2 added ``retry_end`` and ``ahead_since``: a version-1 state has neither; once written back
-    at version 2, a member of the older version refuses it instead of dropping them."""
+def test_older_states_read_and_are_written_back_at_the_current_version() -> None:
+    """Version 2 added ``retry_end`` and ``ahead_since``; version 3 the last committer's member and epoch and the
+    dead letters, and dropped successor gating. An older state has none of the new fields (and may carry the
+    dropped one); once written back at version 3, a member of an older version refuses it instead of dropping
+    fields."""
     state = balanced_start(2, ("a",))
-    raw = json.loads(encode_state(state))
-    raw["schema_version"] = 1
-    for shard in raw["shards"].values():
-        del shard["retry_end"], shard["ahead_since"]
-    old = decode_state(json.dumps(raw), where="t")
-    assert old.schema_version == protocol.state.SCHEMA_VERSION == 2
-    assert old.shards == state.shards
+    for version, removed, added in [
+        (1, ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch"), {"pending_predecessors": []}),
+        (2, ("last_commit_member", "last_commit_epoch"), {"pending_predecessors": []}),
+    ]:
+        raw = json.loads(encode_state(state))
+        raw["schema_version"] = version
+        del raw["dead_letters"]
+        for shard in raw["shards"].values():
+            for name in removed:
+                del shard[name]
+            shard.update(added)
+        old = decode_state(json.dumps(raw), where="t")
+        assert old.schema_version == protocol.state.SCHEMA_VERSION == 3
+        assert old.shards == state.shards and old.dead_letters == ()

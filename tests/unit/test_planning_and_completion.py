@@ -3,7 +3,7 @@ from pydantic import ValidationError
 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupPolicy, Refusal, Watermark
-from tests.unit.protocol_helpers import POLICY, balanced_start, marks, report
+from tests.unit.protocol_helpers import POLICY, balanced_start, marks, policy_with, report
 
 
 def one_shard(policy: GroupPolicy = POLICY) -> protocol.GroupState:
@@ -13,9 +13,9 @@ def one_shard(policy: GroupPolicy = POLICY) -> protocol.GroupState:
 def test_plan_positions_by_seek_policy_and_bounds_the_range() -> None:
     state, (launch,) = protocol.plan(one_shard(), "a", 5.0, {"s0": Watermark(low=10, high=1000)}, POLICY)
     assert (launch.start, launch.end, launch.attempt) == (10, 110, 0)
-    assert launch.run_key == "g:s0:10-110:a0"
+    assert launch.run_key == f"g:s0:10-110:a0:e{launch.epoch}"
     assert state.shards["s0"].inflight is not None and state.shards["s0"].committed == 10
-    latest = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, seek="latest")
+    latest = policy_with(heartbeat_interval_s=5, session_timeout_s=20, seek="latest")
     state, launches = protocol.plan(one_shard(latest), "a", 5.0, {"s0": Watermark(low=10, high=1000)}, latest)
     assert launches == [] and state.shards["s0"].committed == 1000
 
@@ -23,7 +23,7 @@ def test_plan_positions_by_seek_policy_and_bounds_the_range() -> None:
 def test_a_shard_not_positioned_yet_starts_at_the_offset_the_stream_records() -> None:
     """A group whose state was lost resumes where the stream's own group record says, whatever the seek
     policy; once positioned, that record is never consulted again (it lags the state: it is a mirror)."""
-    latest = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, seek="latest", max_records_per_run=100)
+    latest = policy_with(heartbeat_interval_s=5, session_timeout_s=20, seek="latest", max_records_per_run=100)
     mark = Watermark(low=10, high=1000, group_committed=400)
     state, (launch,) = protocol.plan(one_shard(latest), "a", 5.0, {"s0": mark}, latest)
     assert (launch.start, launch.end) == (400, 500)
@@ -33,7 +33,7 @@ def test_a_shard_not_positioned_yet_starts_at_the_offset_the_stream_records() ->
 
 
 def test_late_shards_start_at_earliest_even_under_latest() -> None:
-    latest = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, seek="latest")
+    latest = policy_with(heartbeat_interval_s=5, session_timeout_s=20, seek="latest")
     state = protocol.sync_shards(one_shard(latest), ["s9"], 9.0)
     state = protocol.rebalance(state, "a", 10.0, latest)
     _, launches = protocol.plan(state, "a", 10.0, {"s9": Watermark(low=3, high=50)}, latest)
@@ -50,7 +50,7 @@ def test_plan_is_idempotent_and_skips_unknown_watermarks() -> None:
 
 
 def test_min_backlog_waits_at_most_max_wait() -> None:
-    policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, min_backlog=50, max_wait_s=30)
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, min_backlog=50, max_wait_s=30)
     state = one_shard(policy)
     state, launches = protocol.plan(state, "a", 5.0, {"s0": Watermark(low=0, high=10)}, policy)
     assert launches == [] and state.shards["s0"].backlog_since == 5.0
@@ -62,7 +62,7 @@ def test_min_backlog_waits_at_most_max_wait() -> None:
 
 @pytest.mark.parametrize("policy_value", ["fail", "earliest"])
 def test_retention_loss_is_always_an_event(policy_value: str) -> None:
-    policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, on_data_loss=policy_value)  # type: ignore[arg-type]
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, on_data_loss=policy_value)  # type: ignore[arg-type]
     state, (launch,) = protocol.plan(one_shard(policy), "a", 5.0, {"s0": Watermark(low=0, high=100)}, policy)
     state, _ = protocol.commit(state, report(launch))
     state, launches = protocol.plan(state, "a", 6.0, {"s0": Watermark(low=150, high=300)}, policy)
@@ -104,7 +104,7 @@ def test_commit_with_wrong_start_is_refused() -> None:
 
 
 def test_failures_retry_the_same_offsets_then_park() -> None:
-    policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, max_attempts=2, max_records_per_run=100)
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_attempts=2, max_records_per_run=100)
     state, (first,) = protocol.plan(one_shard(policy), "a", 5.0, {"s0": Watermark(low=0, high=40)}, policy)
     assert (first.start, first.end) == (0, 40)
     state, outcome = protocol.fail(state, report(first), "boom", 6.0, policy)
@@ -134,7 +134,7 @@ def test_failures_retry_the_same_offsets_then_park() -> None:
 
 
 def test_retention_loss_inside_a_failed_range_retries_what_is_left() -> None:
-    policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, on_data_loss="earliest", max_records_per_run=100)
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, on_data_loss="earliest", max_records_per_run=100)
     state, (first,) = protocol.plan(one_shard(policy), "a", 5.0, {"s0": Watermark(low=0, high=50)}, policy)
     state, _ = protocol.fail(state, report(first), "boom", 6.0, policy)
     _, (retry,) = protocol.plan(state, "a", 7.0, {"s0": Watermark(low=20, high=500)}, policy)
@@ -195,7 +195,7 @@ def test_a_retry_past_a_lowered_high_watermark_waits_instead_of_stalling() -> No
 
 
 def test_dead_letter_moves_on_and_records_the_range() -> None:
-    policy = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, max_attempts=1, after_max_attempts="dead_letter")
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_attempts=1, after_max_attempts="dead_letter")
     state, (launch,) = protocol.plan(one_shard(policy), "a", 5.0, marks(one_shard()), policy)
     state, outcome = protocol.fail(state, report(launch), "bad record", 6.0, policy)
     assert outcome is FailOutcome.DEAD_LETTERED

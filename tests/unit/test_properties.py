@@ -179,17 +179,18 @@ def test_simulated_groups_keep_every_invariant(seed: int) -> None:
 
 def test_simulator_detects_a_commit_that_ignores_the_epoch(monkeypatch: object) -> None:
     """The checks can fail: with fencing removed, the simulator reports violations."""
-    import dagster_streamgroup.simulation as sim
+    from dagster_streamgroup.protocol import completion
     from dagster_streamgroup.protocol.completion import commit as fenced_commit
 
     def unfenced(state: GroupState, presented: protocol.RangeReport) -> tuple[GroupState, protocol.CommitOutcome]:
         shard = state.shards[presented.shard]
         if shard.inflight is None or shard.committed is None:
             return fenced_commit(state, presented)
-        forced = protocol.state.evolve(shard, owner=presented.member_id, epoch=presented.epoch)
+        inflight = protocol.state.evolve(shard.inflight, run_key=presented.run_key)
+        forced = protocol.state.evolve(shard, owner=presented.member_id, epoch=presented.epoch, inflight=inflight)
         return fenced_commit(state.model_copy(update={"shards": {**state.shards, presented.shard: forced}}), presented)
 
-    monkeypatch.setattr(sim.protocol, "commit", unfenced)  # type: ignore[attr-defined]
+    monkeypatch.setattr(completion, "commit", unfenced)  # type: ignore[attr-defined]
     found = [Simulation(random_scenario(seed)).run().violations for seed in range(40)]
     assert any(found), "an unfenced commit must break an invariant in some scenario"
 

@@ -1,0 +1,205 @@
+"""Runs over several ranges: one run per member tick, sized by the backlog, committed all or nothing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dagster_streamgroup import protocol
+from dagster_streamgroup.protocol import FailOutcome, GroupState, Refusal, Watermark
+from dagster_streamgroup.protocol.membership import add_events
+from dagster_streamgroup.protocol.state import evolve
+from dagster_streamgroup.simulation import Simulation, random_scenario
+from tests.unit.protocol_helpers import balanced_start, policy_with, report
+
+MEMBER = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_records_per_run=1000)
+
+
+def four_shards(policy: protocol.GroupPolicy = MEMBER) -> GroupState:
+    return balanced_start(4, ("a",), policy)
+
+
+def backlog(state: GroupState, highs: dict[str, int]) -> dict[str, Watermark]:
+    return {sid: Watermark(low=0, high=highs.get(sid, 0)) for sid in state.shards}
+
+
+def test_one_run_over_every_ready_shard_sized_by_backlog() -> None:
+    state, launches = protocol.plan(
+        four_shards(), "a", 5.0, backlog(four_shards(), {"s0": 10, "s1": 20, "s3": 5}), MEMBER
+    )
+    assert [(x.shard, x.start, x.end) for x in launches] == [("s0", 0, 10), ("s1", 0, 20), ("s3", 0, 5)]
+    assert len({x.run_key for x in launches}) == 1
+    key = launches[0].run_key
+    assert key.startswith("g:a:3r:")
+    assert all(state.shards[x.shard].inflight is not None for x in launches)
+    assert state.shards["s2"].inflight is None
+    # the same plan on the same state gives the same key: a re-requested run is deduplicated
+    _, again = protocol.plan(four_shards(), "a", 5.0, backlog(four_shards(), {"s0": 10, "s1": 20, "s3": 5}), MEMBER)
+    assert again[0].run_key == key
+    assert list(protocol.runs_of(protocol.inflight_launches(state, "a"))) == [key]
+
+
+def test_the_budget_is_split_in_proportion_to_the_backlog() -> None:
+    highs = {"s0": 3000, "s1": 1000, "s2": 0, "s3": 0}
+    _, launches = protocol.plan(four_shards(), "a", 5.0, backlog(four_shards(), highs), MEMBER)
+    assert {x.shard: x.records for x in launches} == {"s0": 750, "s1": 250}
+
+
+@given(
+    backlogs=st.dictionaries(st.sampled_from([f"s{i}" for i in range(12)]), st.integers(0, 10**7), max_size=12),
+    budget=st.integers(1, 10**7),
+)
+def test_split_budget_never_exceeds_the_budget_nor_a_backlog(backlogs: dict[str, int], budget: int) -> None:
+    shares = protocol.split_budget(backlogs, budget)
+    assert shares.keys() == backlogs.keys()
+    assert all(0 <= shares[s] <= backlogs[s] for s in backlogs)
+    total = sum(backlogs.values())
+    assert sum(shares.values()) == min(total, budget)
+
+
+def test_a_quiet_stream_waits_for_min_backlog_or_max_wait() -> None:
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, min_backlog=100, max_wait_s=15)
+    state = four_shards(policy)
+    state, launches = protocol.plan(state, "a", 5.0, backlog(state, {"s0": 30, "s1": 30}), policy)
+    assert launches == [] and state.shards["s0"].backlog_since == 5.0
+    state, launches = protocol.plan(state, "a", 12.0, backlog(state, {"s0": 40, "s1": 40, "s2": 5}), policy)
+    assert launches == [], "85 records wait, for 7 s: neither bound reached"
+    state, launches = protocol.plan(state, "a", 20.0, backlog(state, {"s0": 40, "s1": 40, "s2": 5}), policy)
+    assert {x.shard for x in launches} == {"s0", "s1", "s2"}, "s0 has waited 15 s: every ready shard goes"
+    assert all(state.shards[s].backlog_since is None for s in ("s0", "s1", "s2"))
+    fresh = four_shards(policy)
+    _, launches = protocol.plan(fresh, "a", 5.0, backlog(fresh, {"s0": 60, "s1": 40}), policy)
+    assert len(launches) == 2, "100 records across the shards reach min_backlog at once"
+
+
+def test_shard_mode_keeps_one_run_per_range() -> None:
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, run_mode="shard", max_records_per_run=15)
+    state = four_shards(policy)
+    _, launches = protocol.plan(state, "a", 5.0, backlog(state, {"s0": 10, "s1": 20}), policy)
+    assert [(x.shard, x.end, x.run_key) for x in launches] == [
+        ("s0", 10, f"g:s0:0-10:a0:e{launches[0].epoch}"),
+        ("s1", 15, f"g:s1:0-15:a0:e{launches[1].epoch}"),
+    ]
+
+
+def test_a_run_commits_all_its_ranges_in_one_write_or_none() -> None:
+    state, launches = protocol.plan(four_shards(), "a", 5.0, backlog(four_shards(), {"s0": 10, "s1": 20}), MEMBER)
+    reports = [report(x) for x in launches]
+    done, outcome = protocol.commit_run(state, reports)
+    assert outcome.accepted and set(outcome.outcomes) == {"s0", "s1"}
+    assert (done.shards["s0"].committed, done.shards["s1"].committed) == (10, 20)
+    assert done.shards["s0"].inflight is None and done.shards["s1"].inflight is None
+    replay, again = protocol.commit_run(done, reports)
+    assert replay is done and again.accepted and all(o.already_committed for o in again.outcomes.values())
+    # one range moved to another member meanwhile: nothing of the run is committed, the refusal names the shard
+    moved = state.model_copy(
+        update={"shards": {**state.shards, "s1": protocol.state.handed_over(state.shards["s1"], "b")}}
+    )
+    same, refused = protocol.commit_run(moved, reports)
+    assert same is moved and not refused.accepted
+    assert set(refused.refusals) == {"s1"} and refused.refusals["s1"].refusal is Refusal.OWNERSHIP_MOVED
+    assert "owned by b" in refused.message
+    with pytest.raises(ValueError, match="one range per shard"):
+        protocol.commit_run(state, [reports[0], reports[0]])
+
+
+def test_a_failed_run_retries_each_range_alone_so_one_poison_range_parks_only_its_shard() -> None:
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_records_per_run=1000, max_attempts=2)
+    state = four_shards(policy)
+    state, launches = protocol.plan(state, "a", 5.0, backlog(state, {"s0": 10, "s1": 20, "s2": 30}), policy)
+    state, outcomes = protocol.fail_run(state, [report(x) for x in launches], "boom", 6.0, policy)
+    assert set(outcomes.values()) == {FailOutcome.RETRY}
+    state, retries = protocol.plan(state, "a", 7.0, backlog(state, {"s0": 99, "s1": 99, "s2": 99, "s3": 7}), policy)
+    runs = protocol.runs_of(retries)
+    solo = [ranges for ranges in runs.values() if ranges[0].attempt == 1]
+    assert sorted((r[0].shard, r[0].start, r[0].end) for r in solo) == [("s0", 0, 10), ("s1", 0, 20), ("s2", 0, 30)]
+    assert all(len(r) == 1 for r in solo), "every retry in a run of its own"
+    fresh = [ranges for ranges in runs.values() if ranges[0].attempt == 0]
+    assert [(x.shard, x.end) for ranges in fresh for x in ranges] == [("s3", 7)]
+    by_shard = {x.shard: x for x in retries}
+    state, _ = protocol.commit_run(state, [report(by_shard["s0"])])
+    state, _ = protocol.commit_run(state, [report(by_shard["s1"])])
+    state, outcomes = protocol.fail_run(state, [report(by_shard["s2"])], "poison", 8.0, policy)
+    assert outcomes == {"s2": FailOutcome.PARKED}
+    assert state.shards["s2"].parked is not None
+    assert state.shards["s0"].parked is None and state.shards["s0"].committed == 10
+
+
+def test_dead_letters_stay_until_an_operator_resolves_them() -> None:
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_attempts=1, after_max_attempts="dead_letter")
+    state = four_shards(policy)
+    state, launches = protocol.plan(state, "a", 5.0, backlog(state, {"s0": 10}), policy)
+    state, outcomes = protocol.fail_run(state, [report(x) for x in launches], "bad record", 6.0, policy)
+    assert outcomes == {"s0": FailOutcome.DEAD_LETTERED}
+    assert [(d.shard, d.start, d.end) for d in state.dead_letters] == [("s0", 0, 10)]
+    assert "bad record" in state.dead_letters[0].reason
+    for _ in range(protocol.state.MAX_EVENTS + 1):  # the bounded event list rolls over; dead letters stay
+        state = add_events(state, protocol.GroupEvent(kind=protocol.EventKind.EVICTED, at=7.0, member_id="x"))
+    assert len(state.dead_letters) == 1
+    state, resolved = protocol.resolve_dead_letters(state, "s0")
+    assert [d.shard for d in resolved] == ["s0"] and state.dead_letters == ()
+
+
+def test_a_zombie_is_refused_even_when_its_successor_committed_the_same_range_under_the_same_key() -> None:
+    """A run fenced out by a drain expiry presents its commit after the range was relaunched and committed by
+    another member: only the run that made a commit may be told ``already_committed``."""
+    state, (launch,) = protocol.plan(
+        balanced_start(1, ("a",), MEMBER), "a", 5.0, {"s0": Watermark(low=0, high=10)}, MEMBER
+    )
+    zombie = report(launch)
+    shard = state.shards["s0"]
+    successor = evolve(
+        protocol.state.handed_over(shard, "b"),
+        committed=launch.end,
+        inflight=None,
+        last_run_key=launch.run_key,  # the relaunch kept the key, as a key without the epoch did
+        last_commit_member="b",
+        last_commit_epoch=shard.epoch + 1,
+    )
+    after = state.model_copy(update={"shards": {"s0": successor}})
+    same, outcome = protocol.commit(after, zombie)
+    assert same is after and not outcome.accepted and not outcome.already_committed
+    assert outcome.refusal is Refusal.OWNERSHIP_MOVED and "owned by b" in outcome.message
+    # the run that made the commit is told so
+    own = zombie.model_copy(update={"member_id": "b", "epoch": shard.epoch + 1})
+    _, outcome = protocol.commit(after, own)
+    assert outcome.accepted and outcome.already_committed
+
+
+def test_the_simulator_catches_a_zombie_told_already_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the commit check of before (a matching run key and offset were enough) and run keys without the
+    epoch, zombies relaunched under the same key are told ``already_committed``: the simulator's oracle,
+    which keeps its own record of which run committed what, must report it."""
+    from dagster_streamgroup.protocol import completion, planning
+
+    fenced = completion.commit
+    keyed = planning.run_key
+
+    def old_commit(state: GroupState, presented: protocol.RangeReport) -> tuple[GroupState, protocol.CommitOutcome]:
+        shard = state.shards.get(presented.shard)
+        if (
+            shard is not None
+            and shard.last_run_key == presented.run_key
+            and shard.committed is not None
+            and shard.committed >= presented.end
+        ):
+            return state, protocol.CommitOutcome(accepted=True, already_committed=True, committed=shard.committed)
+        return fenced(state, presented)
+
+    def key_without_epoch(group: str, shard: str, start: int, end: int, attempt: int, epoch: int | None = None) -> str:
+        return keyed(group, shard, start, end, attempt)
+
+    monkeypatch.setattr(completion, "commit", old_commit)
+    monkeypatch.setattr(planning, "run_key", key_without_epoch)
+    found = []
+    for seed in range(100):
+        config = random_scenario(seed)
+        config.p_run_straggle, config.run_s, config.produce_per_s = 0.5, (1.0, 2.0), 50.0
+        config.policy = config.policy.model_copy(
+            update={"run_mode": "shard", "drain_timeout_s": 10.0, "max_records_per_run": 50}
+        )
+        found += [v for v in Simulation(config).run().violations if "already_committed" in v]
+        if found:
+            break
+    assert found, "a zombie told already_committed must be reported"
