@@ -12,8 +12,17 @@
 # next to the stream. The key is also left in ./dagster_home/v3io-access-key (mode 600) for the CLI:
 #   V3IO_ACCESS_KEY=$(cat dagster_home/v3io-access-key) CLICKSTREAM_STREAM=v3io CLICKSTREAM_V3IO_API=... \
 #     .venv/bin/streamgroup status --group clickstream
+# DAGSTER_STORAGE=postgres keeps the Dagster instance's runs, events and schedules in a temporary PostgreSQL
+# server on 127.0.0.1 (deleted on stop) instead of SQLite files in ./dagster_home: ./dagster_home/dagster.yaml
+# is ./dagster.yaml plus a storage block whose password is read from DAGSTER_PG_PASSWORD, generated for this
+# start and handed to the processes in the environment only.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+DAGSTER_STORAGE=${DAGSTER_STORAGE:-sqlite}
+case "$DAGSTER_STORAGE" in
+  sqlite|postgres) ;;
+  *) echo "example: DAGSTER_STORAGE must be sqlite or postgres (default sqlite), got '$DAGSTER_STORAGE'" >&2; exit 2 ;;
+esac
 bash scripts/setup.sh
 
 PORT=${PORT:-3000}
@@ -31,7 +40,9 @@ export PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1
 
 rm -rf "$DAGSTER_HOME" "$CLICKSTREAM_OUTPUT"
 mkdir -p "$DAGSTER_HOME"
-cp dagster.yaml "$DAGSTER_HOME/dagster.yaml"
+if [ "$DAGSTER_STORAGE" = sqlite ]; then
+  cp dagster.yaml "$DAGSTER_HOME/dagster.yaml"
+fi
 
 set -m  # every background job gets its own process group, with default signal handlers (dagster dev needs them)
 pids=()
@@ -60,6 +71,14 @@ while not port_answers(port):
     time.sleep(0.2)
 PY
 }
+
+if [ "$DAGSTER_STORAGE" = postgres ]; then  # started first, stopped last; it writes $DAGSTER_HOME/dagster.yaml
+  DAGSTER_PG_PASSWORD=$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(24))')
+  export DAGSTER_PG_PASSWORD
+  .venv/bin/python -m dagster_streamgroup.local.dagster_storage --home "$DAGSTER_HOME" --base dagster.yaml &
+  storage_pid=$!
+  pids+=("$storage_pid")
+fi
 
 if [ "$STREAM" = kafka ]; then
   .venv/bin/streamgroup local kafka --port "$KAFKA_PORT" &
@@ -102,8 +121,17 @@ if [ "$SPARK" = connect ]; then
   export CLICKSTREAM_SPARK_REMOTE="sc://127.0.0.1:$SPARK_PORT"
   wait_for_port "$SPARK_PORT" 180 "the Spark Connect server"
 fi
+if [ "$DAGSTER_STORAGE" = postgres ]; then
+  for _ in $(seq 300); do
+    [ -f "$DAGSTER_HOME/dagster.yaml" ] && break
+    kill -0 "$storage_pid" 2>/dev/null || { echo "example: the instance's PostgreSQL server exited" >&2; exit 1; }
+    sleep 0.2
+  done
+  [ -f "$DAGSTER_HOME/dagster.yaml" ] || { echo "example: the instance's PostgreSQL not ready within 60 s" >&2; exit 1; }
+fi
 # dagster dev warns that ./dagster.yaml is not used: its copy in $DAGSTER_HOME (above) is.
-echo "example: instance settings (one run per shard at a time) from dagster.yaml, copied to $DAGSTER_HOME"
+echo "example: instance settings (one run per shard at a time) from dagster.yaml, copied to $DAGSTER_HOME" \
+  "(storage: $DAGSTER_STORAGE)"
 .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT" &
 pids+=($!)
 if [ "$STREAM" = kafka ]; then

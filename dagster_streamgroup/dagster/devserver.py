@@ -1,30 +1,32 @@
 """A real ``dagster dev`` (daemon, webserver, code server) for end-to-end tests and benchmarks, over GraphQL.
 
 It is started in its own session so signals reach the whole tree and stopped by process group; its
-instance lives in a fresh DAGSTER_HOME with the project's dagster.yaml (per-shard run limit)."""
+instance lives in a fresh DAGSTER_HOME with the project's dagster.yaml (per-shard run limit), its runs and
+events in SQLite files there or, with ``DAGSTER_STORAGE=postgres``, in a temporary PostgreSQL server."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dagster_streamgroup.local import procfs
+from dagster_streamgroup.local.dagster_storage import STORAGE_ENV, InstanceStorage, instance_storage, storage_kind
 from dagster_streamgroup.local.kafka_broker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 """The project checkout: workspace.yaml, dagster.yaml and .venv/ of the example."""
 T = TypeVar("T")
-DEV_COMMAND = (str(ROOT / ".venv/bin/dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1")
+DEV_COMMAND = (str(ROOT / ".venv/bin/dagster"), "dev", "-h", "127.0.0.1")
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, interval_s: float = 2.0) -> T:
@@ -51,14 +53,34 @@ def process_group_alive(pgid: int) -> bool:
 
 
 class DagsterDev:
-    def __init__(self, home: Path, env: Mapping[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        home: Path,
+        env: Mapping[str, str],
+        log: Path,
+        *,
+        storage: str | None = None,
+        workspace: Path = ROOT / "workspace.yaml",
+    ) -> None:
+        """``storage``: ``sqlite`` or ``postgres``; by default ``DAGSTER_STORAGE`` from ``env``, else from this
+        process, else ``sqlite``. A PostgreSQL server lives until ``close()`` (or this object is collected, or
+        the interpreter exits), not ``stop()``: ``dagster dev`` stopped and started again keeps its history."""
         self.home = home
-        self.env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
         self.log = log
         self.port = free_port()
+        self.workspace = workspace
         self.proc: subprocess.Popen[bytes] | None = None
-        home.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+        kind = storage_kind(storage if storage is not None else env.get(STORAGE_ENV, os.environ.get(STORAGE_ENV)))
+        resources = contextlib.ExitStack()
+        self.storage: InstanceStorage = resources.enter_context(instance_storage(kind, home, ROOT / "dagster.yaml"))
+        self._release = weakref.finalize(self, resources.close)
+        self.env = {**os.environ, **env, **self.storage.env, "DAGSTER_HOME": str(home)}
+
+    def __enter__(self) -> DagsterDev:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def url(self) -> str:
@@ -67,7 +89,7 @@ class DagsterDev:
     def start(self, timeout_s: float = 180.0) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*DEV_COMMAND, "-p", str(self.port)],
+                [*DEV_COMMAND, "-w", str(self.workspace), "-p", str(self.port)],
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,
@@ -173,3 +195,8 @@ class DagsterDev:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self.proc = None
+
+    def close(self) -> None:
+        """Stop ``dagster dev`` and the instance's PostgreSQL server, if any."""
+        self.stop()
+        self._release()
