@@ -25,6 +25,9 @@ def streamgroup_resource() -> StreamGroupResource:
             heartbeat_interval_s=settings.HEARTBEAT_S,
             session_timeout_s=settings.SESSION_TIMEOUT_S,
             max_records_per_run=settings.MAX_RECORDS_PER_RUN,
+            run_mode=settings.RUN_MODE,
+            min_backlog=settings.MIN_BACKLOG,
+            max_wait_s=settings.MAX_WAIT_S,
         )
     return KafkaStreamGroup(
         group=settings.GROUP,
@@ -33,6 +36,9 @@ def streamgroup_resource() -> StreamGroupResource:
         heartbeat_interval_s=settings.HEARTBEAT_S,
         session_timeout_s=settings.SESSION_TIMEOUT_S,
         max_records_per_run=settings.MAX_RECORDS_PER_RUN,
+        run_mode=settings.RUN_MODE,
+        min_backlog=settings.MIN_BACKLOG,
+        max_wait_s=settings.MAX_WAIT_S,
     )
 
 

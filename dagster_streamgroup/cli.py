@@ -164,6 +164,13 @@ def status(group: str, definitions_path: Path, n_events: int) -> None:
     console.print(shards)
     total = sum(r.lag for r in rows if r.lag is not None)
     console.print(f"total lag: {total} records")
+    if state.dead_letters:
+        letters = Table(title="dead letters (unresolved: `streamgroup resolve --group ...` once dealt with)")
+        for column in ("at", "shard", "range", "reason"):
+            letters.add_column(column)
+        for letter in state.dead_letters:
+            letters.add_row(_when(letter.at), letter.shard, f"[{letter.start}, {letter.end})", letter.reason)
+        console.print(letters)
     if n_events > 0 and state.events:
         events = Table(title="recent events")
         for column in ("at", "kind", "shard/member", "range", "detail"):
@@ -256,11 +263,45 @@ def backfill(
             for s, e in ranges:
                 click.echo(f"{shard} [{s}, {e})")
             return
-        backfill_id, keys = launch_backfill(handle, shard, ranges, dagster_url)
+        backfill_ids = launch_backfill(handle, shard, ranges, dagster_url)
     except (OperatorError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"backfill {backfill_id}: {len(keys)} run(s) over {shard} [{start}, {end})")
-    click.echo(f"{dagster_url.rstrip('/')}/runs/b/{backfill_id}")
+    click.echo(f"{len(backfill_ids)} backfill(s) over {shard} [{start}, {end}), one run each:")
+    for backfill_id, (s, e) in zip(backfill_ids, ranges, strict=True):
+        click.echo(f"  [{s}, {e}) {dagster_url.rstrip('/')}/runs/b/{backfill_id}")
+
+
+@main.command("resolve")
+@_group_option
+@_definitions_option
+@click.option("--shard", default=None, help="Only this shard's dead letters (default: all).")
+def resolve_command(group: str, definitions_path: Path, shard: str | None) -> None:
+    """Mark dead-lettered ranges as dealt with: they leave `status` and the asset check."""
+    from dagster_streamgroup.dagster.operator import OperatorError, resolve_dead_letters
+
+    try:
+        handle = _group(definitions_path, group)
+        resolved = resolve_dead_letters(handle.resource, shard)
+    except (OperatorError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    for letter in resolved:
+        click.echo(f"resolved {letter.shard} [{letter.start}, {letter.end}): {letter.reason}")
+    click.echo(f"{len(resolved)} dead letter(s) resolved")
+
+
+@main.command("prune-partitions")
+@_group_option
+@click.option("--dry-run", is_flag=True, help="Only count the keys.")
+def prune_partitions_command(group: str, dry_run: bool) -> None:
+    """Upgrade step: delete the one-per-range partition keys of earlier versions ($DAGSTER_HOME's instance).
+    Committed offsets live in the group state and do not move; past materializations stay in the event log."""
+    import dagster as dg
+
+    from dagster_streamgroup.dagster.operator import prune_legacy_partitions
+
+    with dg.DagsterInstance.get() as instance:
+        count = prune_legacy_partitions(instance, group, dry_run=dry_run)
+    click.echo(f"{count} range partition key(s) {'would be deleted' if dry_run else 'deleted'}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -25,6 +25,7 @@ from dagster_streamgroup.protocol import (
     GroupState,
     Launch,
     RangeReport,
+    RunCommitOutcome,
     Watermark,
 )
 from dagster_streamgroup.stores.base import StateStore, state_key
@@ -152,8 +153,13 @@ class GroupMember:
             unpositioned = [s for s in missing if state.shards[s].committed is None]
             in_stream = self.backend.committed(self.group, unpositioned) if unpositioned else {}
             for shard_id, mark in self.backend.watermarks(missing).items():
+                group_committed = in_stream.get(shard_id)
+                at_timestamp = None
+                timestamp = self.policy.seek_timestamp_ms
+                if shard_id in unpositioned and group_committed is None and timestamp is not None:
+                    at_timestamp = self.backend.offset_for_time(shard_id, timestamp)
                 self._watermarks[shard_id] = Watermark(
-                    low=mark.low, high=mark.high, group_committed=in_stream.get(shard_id)
+                    low=mark.low, high=mark.high, group_committed=group_committed, at_timestamp=at_timestamp
                 )
         return {s: self._watermarks[s] for s in shard_ids if s in self._watermarks}
 
@@ -222,6 +228,38 @@ class GroupMember:
             return protocol.commit(current, report)
 
         return update_state(self.store, self.key, transition, sleep=self.sleep)
+
+    def commit_run(self, reports: Sequence[RangeReport]) -> RunCommitOutcome:
+        """The fenced commit of every range of a finished run (all or none), then one mirror call."""
+        outcome, _ = self.commit_run_state_only(reports)
+        fresh = {
+            r.shard: r.end for r in reports if outcome.accepted and not outcome.outcomes[r.shard].already_committed
+        }
+        if fresh:
+            self.backend.commit(self.group, fresh)
+        return outcome
+
+    def commit_run_state_only(self, reports: Sequence[RangeReport]) -> tuple[RunCommitOutcome, CasStats]:
+        def transition(current: GroupState | None, _now: float) -> tuple[GroupState | None, RunCommitOutcome]:
+            if current is None:
+                refused = CommitOutcome(
+                    accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
+                )
+                return None, RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports})
+            return protocol.commit_run(current, reports)
+
+        return update_state(self.store, self.key, transition, sleep=self.sleep)
+
+    def fail_run(self, reports: Sequence[RangeReport], reason: str) -> dict[str, FailOutcome]:
+        """Every range of a failed run is retried or given up on its own shard, in one state write."""
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, dict[str, FailOutcome]]:
+            if current is None:
+                return None, dict.fromkeys((r.shard for r in reports), FailOutcome.IGNORED)
+            return protocol.fail_run(current, reports, reason, now, self.policy)
+
+        outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep)
+        return outcome
 
     def fail(self, report: RangeReport, reason: str) -> FailOutcome:
         def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, FailOutcome]:

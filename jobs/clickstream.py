@@ -1,9 +1,11 @@
 """Page views per page and minute, from JSON click events keyed by user, one Parquet directory per range.
 
-Each range writes (overwrites) only its own directory, so a retried or backfilled range replaces its
-earlier output instead of adding to it: re-processing is idempotent. The same function serves both streams:
-only the column holding the record's bytes is named differently (``value`` in Spark's Kafka schema, ``data``
-in the v3io one).
+A run holds one range of each of its member's ready shards; its output is written in one Spark job, one
+directory per range (``range=<shard>-<start>-<end>``), in Spark's dynamic partition-overwrite mode: a
+retried or backfilled range replaces its own earlier output and nothing else, so re-processing is
+idempotent. The same function serves both streams: only the columns holding the record's bytes and its shard
+are named differently (``value``/``topic``+``partition`` in Spark's Kafka schema, ``data``/``shard`` in the
+v3io one).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from dagster_streamgroup.dagster import range_of, stream_asset
+from dagster_streamgroup.dagster import StreamRange, ranges_of, stream_asset
 from jobs import settings
 
 if TYPE_CHECKING:
@@ -30,20 +32,43 @@ def payload_column(df: DataFrame) -> str:
     raise ValueError(f"no record payload column ({' or '.join(PAYLOAD_COLUMNS)}) among {df.columns}")
 
 
+def range_directory(shard: str, start: int, end: int) -> str:
+    return f"{shard.replace(':', '-')}-{start:012d}-{end:012d}"
+
+
 def range_output(shard: str, start: int, end: int) -> str:
-    return str(settings.OUTPUT / shard.replace(":", "-") / f"{start:012d}-{end:012d}")
+    return str(settings.OUTPUT / f"range={range_directory(shard, start, end)}")
+
+
+def with_range_column(df: DataFrame, ranges: list[StreamRange]) -> DataFrame:
+    """Each row tagged with the directory of the range it belongs to (a run holds one range per shard)."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    shard = F.concat_ws(":", "topic", "partition") if "topic" in df.columns else F.col("shard").cast("string")
+    directory = F.lit(None).cast("string")
+    for r in ranges:
+        directory = F.when(shard == F.lit(r.shard), F.lit(range_directory(r.shard, r.start, r.end))).otherwise(
+            directory
+        )
+    return df.withColumn("range", directory)
 
 
 @stream_asset(group=settings.GROUP, name="page_views_per_minute", kinds={"spark", settings.STREAM, "parquet"})
 def page_views_per_minute(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, Any]:
-    """Views and distinct users per page and minute of event time."""
+    """Views and distinct users per page and minute of event time, per offset range."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    shard, start, end = range_of(context)
-    events = df.select(F.from_json(F.col(payload_column(df)).cast("string"), EVENT_SCHEMA).alias("e")).select("e.*")
-    per_minute = events.groupBy("page", F.date_trunc("minute", F.timestamp_millis("ts")).alias("minute")).agg(
-        F.count(F.lit(1)).alias("views"), F.countDistinct("user").alias("users")
+    ranges = ranges_of(context)
+    events = with_range_column(df, ranges).select(
+        "range", F.from_json(F.col(payload_column(df)).cast("string"), EVENT_SCHEMA).alias("e")
     )
-    path = range_output(shard, start, end)
-    per_minute.write.mode("overwrite").parquet(path)
-    return {"output": dg.MetadataValue.path(path)}
+    per_minute = events.groupBy(
+        "range", F.col("e.page").alias("page"), F.date_trunc("minute", F.timestamp_millis("e.ts")).alias("minute")
+    ).agg(F.count(F.lit(1)).alias("views"), F.countDistinct("e.user").alias("users"))
+    (
+        per_minute.write.mode("overwrite")
+        .option("partitionOverwriteMode", "dynamic")
+        .partitionBy("range")
+        .parquet(str(settings.OUTPUT))
+    )
+    return {"output": dg.MetadataValue.path(str(settings.OUTPUT))}

@@ -63,7 +63,10 @@ PARTITIONS = _int("CLICKSTREAM_PARTITIONS", "8")
 MEMBERS = _int("CLICKSTREAM_MEMBERS", "3")
 HEARTBEAT_S = _float("CLICKSTREAM_HEARTBEAT_S", "5", minimum=1)  # Dagster ticks a sensor at most once a second
 SESSION_TIMEOUT_S = _float("CLICKSTREAM_SESSION_TIMEOUT_S", "20", minimum=1)
-MAX_RECORDS_PER_RUN = _int("CLICKSTREAM_MAX_RECORDS_PER_RUN", "100000")
+MAX_RECORDS_PER_RUN = _int("CLICKSTREAM_MAX_RECORDS_PER_RUN", "1000000")
+RUN_MODE = _choice("CLICKSTREAM_RUN_MODE", "member", ("member", "shard"))
+MIN_BACKLOG = _int("CLICKSTREAM_MIN_BACKLOG", "20000")
+MAX_WAIT_S = _float("CLICKSTREAM_MAX_WAIT_S", "15", minimum=0)
 OUTPUT = Path(_text("CLICKSTREAM_OUTPUT", "output/clickstream")).resolve()
 SPARK_MASTER = _text("CLICKSTREAM_SPARK_MASTER", "local[2]")
 SPARK_REMOTE = os.environ.get("CLICKSTREAM_SPARK_REMOTE", "").strip() or None

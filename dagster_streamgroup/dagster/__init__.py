@@ -1,6 +1,6 @@
 """The Dagster surface: group resources, member sensors, the stream asset, checks, backfill helpers."""
 
-from dagster_streamgroup.dagster.assets import CommitRefusedError, range_of, stream_asset
+from dagster_streamgroup.dagster.assets import CommitRefusedError, StreamRange, range_of, ranges_of, stream_asset
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.dagster.definitions import stream_definitions
 from dagster_streamgroup.dagster.resources import (
@@ -20,12 +20,14 @@ __all__ = [
     "KafkaStreamGroup",
     "StreamGroupConfigError",
     "StreamGroupResource",
+    "StreamRange",
     "StreamSparkResource",
     "V3ioStreamGroup",
     "member_sensor_names",
     "member_sensors",
     "prepare_spark_environment",
     "range_of",
+    "ranges_of",
     "stream_asset",
     "stream_definitions",
 ]

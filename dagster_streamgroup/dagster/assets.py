@@ -1,14 +1,19 @@
-"""The stream asset: one partition per offset range; a run reads it, calls user code, then commits.
+"""The stream asset: a run reads its offset ranges as one DataFrame, calls user code once, then commits.
 
-The commit is the fenced transition in the group state (it fails if the shard moved to another member or
-epoch), then the offset is mirrored into the backend. The materialization is written after the commit, so a
-materialization always names a committed range. A run without a member's tags (a backfill) re-processes its
-range and commits nothing.
+Partitions are shards. A member's run holds one range of each of its ready shards (the run config lists
+them), so the fixed costs of a run (launch, process, Spark session, query planning) are paid once per batch
+of ranges, not once per range. The commit is the fenced transition of all the run's ranges in one state
+write (refused whole if any shard moved to another member or epoch), then the offsets are mirrored into the
+backend, then each range is recorded as a materialization of its shard partition. Everything that could
+make the run fail after its commit (metadata Dagster rejects, for example) is checked before the commit, so a
+committed range always gets its materialization. A run without a member (a backfill) re-processes its
+ranges and commits nothing.
 """
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -16,6 +21,7 @@ import dagster as dg
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, parked_check_result
 from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.protocol import GroupState, RangeReport
 from dagster_streamgroup.streams.base import StreamError
 
 PARENT_RUN_ID_TAG = "dagster/parent_run_id"
@@ -25,18 +31,64 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 StreamFn = Callable[[dg.AssetExecutionContext, "DataFrame"], Mapping[str, Any] | None]
-"""The user's function: processes one range's DataFrame idempotently, may return extra metadata."""
+"""The user's function: processes a run's DataFrame (every range of the run) idempotently per range, may
+return extra metadata, which each range's materialization carries."""
 
 MAX_REASON = 2000
 
 
 class CommitRefusedError(dg.Failure):
-    """The group refused the commit: the shard moved to another member or epoch while the run ran."""
+    """The group refused the commit: a shard moved to another member or epoch while the run ran."""
+
+
+@dataclass(frozen=True)
+class StreamRange:
+    """One offset range of a run: the records ``start <= offset < end`` of ``shard``."""
+
+    shard: str
+    start: int
+    end: int
+
+    @property
+    def records(self) -> int:
+        """Offsets in the range (Kafka transaction markers and compaction can make the records fewer)."""
+        return self.end - self.start
+
+
+def run_ranges_of(context: dg.AssetExecutionContext) -> list[sgt.RangeSpec]:
+    """The ranges a run processes: its run config, or for a backfill of shard partitions, their partition keys
+    with the offset range of the backfill's tags."""
+    raw = context.op_execution_context.op_config or {}
+    config = sgt.StreamRunConfig.model_validate(raw)
+    if config.ranges:
+        sgt.check_ranges(config.ranges)
+        return list(config.ranges)
+    keys = context.partition_keys if context.has_partition_key_range or context.has_partition_key else []
+    if not keys:
+        raise sgt.RangeTagsError(
+            "this run names no offset ranges: stream asset runs are launched by the group's member sensors, or as "
+            f"backfills of shard partitions with the tags {sgt.TAG_START} and {sgt.TAG_END}, or from the "
+            "Launchpad with ranges in the run config"
+        )
+    return sgt.ranges_from_backfill_tags(keys, context.run.tags)
+
+
+def ranges_of(context: dg.AssetExecutionContext) -> list[StreamRange]:
+    """The ranges of this run, in shard order: what the DataFrame given to the stream function holds."""
+    return sorted((StreamRange(r.shard, r.start, r.end) for r in run_ranges_of(context)), key=lambda r: r.shard)
 
 
 def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
-    """``(shard, start, end)`` of the range a stream asset run processes."""
-    return sgt.parse_range_partition_key(context.partition_key)
+    """``(shard, start, end)`` of a run that holds exactly one range (``run_mode='shard'``, a retry, a
+    one-shard backfill); a run over several ranges raises: use ``ranges_of``."""
+    ranges = ranges_of(context)
+    if len(ranges) != 1:
+        raise dg.Failure(
+            f"range_of: this run holds {len(ranges)} ranges ({', '.join(r.shard for r in ranges)}); "
+            "use ranges_of(context), or run_mode='shard' for one range per run"
+        )
+    only = ranges[0]
+    return only.shard, only.start, only.end
 
 
 def stream_asset(
@@ -53,8 +105,10 @@ def stream_asset(
 ) -> Callable[[StreamFn], dg.AssetsDefinition]:
     """Turn ``fn(context, df) -> metadata | None`` into the stream asset of consumer group ``group``.
 
-    ``resource_key`` names a ``StreamGroupResource`` (e.g. ``KafkaStreamGroup``) whose ``group`` is
-    ``group``; ``spark_resource_key`` a dagster-pyspark resource (``StreamSparkResource``)."""
+    ``df`` holds every range of the run (``ranges_of(context)`` lists them; the shard columns, ``topic`` and
+    ``partition`` for Kafka, ``shard`` for v3io, tell their rows apart). ``resource_key`` names a
+    ``StreamGroupResource`` (e.g. ``KafkaStreamGroup``) whose ``group`` is ``group``; ``spark_resource_key`` a
+    dagster-pyspark resource (``StreamSparkResource``)."""
 
     def decorate(fn: StreamFn) -> dg.AssetsDefinition:
         asset_name = name or fn.__name__
@@ -67,6 +121,7 @@ def stream_asset(
             partitions_def=partitions,
             required_resource_keys={resource_key, spark_resource_key},
             check_specs=check_specs(asset_key),
+            output_required=False,
             metadata={
                 sgt.TAG_GROUP: group,
                 sgt.PREFIX + "resource_key": resource_key,
@@ -77,12 +132,14 @@ def stream_asset(
             kinds=kinds or {"spark"},
             **asset_kwargs,
         )
-        def _stream_asset(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type: ignore[type-arg]
+        def _stream_asset(
+            context: dg.AssetExecutionContext, config: sgt.StreamRunConfig
+        ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
             resource: StreamGroupResource = getattr(context.resources, resource_key)
             if resource.group != group:
                 raise dg.Failure(f"resource {resource_key!r} is group {resource.group!r}, the asset needs {group!r}")
             spark_resource = getattr(context.resources, spark_resource_key)
-            return run_range(context, resource, spark_resource, fn, asset_key)
+            yield from run_ranges(context, config, resource, spark_resource, fn, asset_key)
 
         assert isinstance(_stream_asset, dg.AssetsDefinition)
         return _stream_asset
@@ -90,46 +147,57 @@ def stream_asset(
     return decorate
 
 
-def run_range(
+def _refuse_copies(context: dg.AssetExecutionContext, reports: Sequence[RangeReport] | None) -> None:
+    parent_run_id = context.run.parent_run_id or context.run.tags.get(PARENT_RUN_ID_TAG)
+    if reports and parent_run_id is not None:
+        # Re-execution and Dagster's run retries copy the config and tags of the parent run. The group retries
+        # a failed range itself, as a new attempt from its sensor, and only that run may commit: a copy would
+        # process the ranges again and then have its commit refused.
+        raise dg.Failure(
+            description=f"run {context.run_id} re-executes member run {parent_run_id} ({_describe(reports)}). The "
+            "group retries failed ranges itself, as new attempts launched by its member sensors, and only those "
+            "runs commit. To re-process ranges without moving offsets, backfill them (`streamgroup backfill`, a "
+            f"UI backfill of the shard partitions with tags {sgt.TAG_START}/{sgt.TAG_END}, or the Launchpad)."
+        )
+
+
+def _describe(ranges: Sequence[RangeReport | sgt.RangeSpec]) -> str:
+    return ", ".join(f"{r.shard} [{r.start}, {r.end})" for r in ranges)
+
+
+def run_ranges(
     context: dg.AssetExecutionContext,
+    config: sgt.StreamRunConfig,
     resource: StreamGroupResource,
     spark_resource: Any,
     fn: StreamFn,
     asset_key: dg.AssetKey,
-) -> dg.MaterializeResult[Any]:
-    shard, start, end = sgt.parse_range_partition_key(context.partition_key)
-    report = sgt.report_from_tags(context.run.tags, shard, start, end)
-    parent_run_id = context.run.parent_run_id or context.run.tags.get(PARENT_RUN_ID_TAG)
-    if report is not None and parent_run_id is not None:
-        # Re-execution and Dagster's run retries copy the range tags of the parent run. The group retries a
-        # failed range itself, as a new attempt from its sensor, and only that run may commit: a copy would
-        # process the range again and then have its commit refused.
-        raise dg.Failure(
-            description=f"run {context.run_id} re-executes range run {parent_run_id} "
-            f"({shard} [{start}, {end}), attempt {context.run.tags.get(sgt.TAG_ATTEMPT, '?')}). The group retries "
-            "failed ranges itself, as new attempts launched by its member sensors, and only those runs commit. "
-            "To re-process the range without moving offsets, backfill it (`streamgroup backfill` or a UI "
-            "backfill over the range partition)."
-        )
-    member = resource.member(report.member_id) if report is not None else None
-    mode = "backfill (nothing is committed)" if report is None else f"member {report.member_id} epoch {report.epoch}"
-    context.log.info(f"{resource.group}: {shard} [{start}, {end}) as {mode}")
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+    ranges = run_ranges_of(context)
+    reports = sgt.member_reports(config, resource.group, context.run.tags)
+    _refuse_copies(context, reports)
+    member = resource.member(config.member) if reports and config.member is not None else None
+    mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
+    context.log.info(f"{resource.group}: {len(ranges)} range(s) as {mode}: {_describe(ranges)}")
 
     df: Any = None
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
-        df = resource.read_range(spark, shard, start, end).persist()
-        records = df.count()
+        df = resource.read_ranges(spark, {r.shard: (r.start, r.end) for r in ranges}).persist()
+        records = resource.records_by_shard(df)
         read_s = time.monotonic() - t0
         t1 = time.monotonic()
-        extra = fn(context, df) or {}
+        extra = dict(fn(context, df) or {})
         process_s = time.monotonic() - t1
+        # Checked now, not after the commit: a commit must never be left without its materialization.
+        user_metadata = _checked_metadata(asset_key, extra)
     except Exception as exc:
-        if member is not None and report is not None:
+        if member is not None and reports:
             reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
-            failed = member.fail(report, reason)
-            context.log.error(f"{shard} [{start}, {end}) failed ({failed.value}): {reason}")
+            outcomes = member.fail_run(reports, reason)
+            summary = ", ".join(f"{shard} {outcome.value}" for shard, outcome in outcomes.items())
+            context.log.error(f"{_describe(reports)} failed ({summary}): {reason}")
         raise
     finally:
         # Failed runs too: a shared Spark Connect server would otherwise keep their cached ranges. A session
@@ -138,58 +206,97 @@ def run_range(
             with contextlib.suppress(Exception):
                 df.unpersist()
 
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "group": dg.MetadataValue.text(resource.group),
-        "shard": dg.MetadataValue.text(shard),
-        "start": dg.MetadataValue.int(start),
-        "end": dg.MetadataValue.int(end),
-        "records": dg.MetadataValue.int(records),
-        "read_s": dg.MetadataValue.float(round(read_s, 3)),
-        "process_s": dg.MetadataValue.float(round(process_s, 3)),
-    }
-    if member is not None and report is not None:
-        outcome, stats = member.commit_state_only(report)
+    state: GroupState | None = None
+    mirrored = True
+    if member is not None and reports:
+        outcome, stats = member.commit_run_state_only(reports)
         if not outcome.accepted:
+            refusals = outcome.refusals
             raise CommitRefusedError(
                 description=f"commit refused: {outcome.message}",
-                metadata={"refusal": str(outcome.refusal), "owner": str(outcome.owner), "epoch": str(outcome.epoch)},
+                metadata={
+                    "refused_shards": ", ".join(sorted(refusals)),
+                    "refusals": "; ".join(f"{s}: {o.refusal}" for s, o in sorted(refusals.items())),
+                },
             )
-        mirrored = True
-        if not outcome.already_committed:
+        fresh = {r.shard: r.end for r in reports if not outcome.outcomes[r.shard].already_committed}
+        if fresh:
             try:
-                resource.backend().commit(resource.group, {shard: end})
+                resource.backend().commit(resource.group, fresh)
             except StreamError as exc:
                 # The group state holds the commit; the next commit mirrors a later offset.
                 mirrored = False
-                context.log.warning(f"{shard}: committed in the group state, mirroring to the stream failed: {exc}")
-        metadata.update(
-            {
-                "epoch": dg.MetadataValue.int(report.epoch),
-                "member": dg.MetadataValue.text(report.member_id),
-                "committed": dg.MetadataValue.int(end),
-                "mirrored": dg.MetadataValue.bool(mirrored),
-                "attempt": dg.MetadataValue.int(int(context.run.tags.get(sgt.TAG_ATTEMPT, "0"))),
-            }
-        )
+                context.log.warning(f"committed in the group state, mirroring to the stream failed: {exc}")
         state = stats.state
-    else:
-        metadata["backfill"] = dg.MetadataValue.bool(True)
-        state = None
-    lag = _lag_after(resource, shard, end)
-    if lag is not None:
-        metadata["lag"] = dg.MetadataValue.int(lag)
-    for key, value in extra.items():
-        metadata[str(key)] = value
-    checks = [lag_check_result(asset_key, shard, lag, resource.lag_alert_records)]
+    lags = _lag_after(resource, {r.shard: r.end for r in ranges})
+    partitions = _ensure_partitions(context, [r.shard for r in ranges])
+    total = sum(records.values())
+    attempts = {r.shard: r.attempt for r in ranges}
+    for spec in ranges:
+        metadata: dict[str, dg.RawMetadataValue] = {
+            "group": dg.MetadataValue.text(resource.group),
+            "shard": dg.MetadataValue.text(spec.shard),
+            "start": dg.MetadataValue.int(spec.start),
+            "end": dg.MetadataValue.int(spec.end),
+            "records": dg.MetadataValue.int(records.get(spec.shard, 0)),
+            "run_ranges": dg.MetadataValue.int(len(ranges)),
+            "run_records": dg.MetadataValue.int(total),
+            "read_s": dg.MetadataValue.float(round(read_s, 3)),
+            "process_s": dg.MetadataValue.float(round(process_s, 3)),
+        }
+        if member is not None:
+            metadata.update(
+                {
+                    "epoch": dg.MetadataValue.int(spec.epoch),
+                    "member": dg.MetadataValue.text(str(config.member)),
+                    "committed": dg.MetadataValue.int(spec.end),
+                    "mirrored": dg.MetadataValue.bool(mirrored),
+                    "attempt": dg.MetadataValue.int(attempts[spec.shard]),
+                    "run_key": dg.MetadataValue.text(str(config.run_key)),
+                }
+            )
+        else:
+            metadata["backfill"] = dg.MetadataValue.bool(True)
+        lag = lags.get(spec.shard)
+        if lag is not None:
+            metadata["lag"] = dg.MetadataValue.int(lag)
+        metadata.update(user_metadata)
+        yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
+    yield lag_check_result(asset_key, lags, resource.lag_alert_records)
     if state is None:
         state, _ = resource.store().load(resource.state_key())
-    checks.append(parked_check_result(asset_key, state))
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+    yield parked_check_result(asset_key, state)
 
 
-def _lag_after(resource: StreamGroupResource, shard: str, end: int) -> int | None:
+def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:
+    """The user's metadata as Dagster will store it; raises now on a value Dagster rejects."""
     try:
-        high = resource.backend().watermarks([shard])[shard].high
+        return dict(
+            dg.AssetMaterialization(asset_key=asset_key, metadata={str(k): v for k, v in extra.items()}).metadata
+        )
+    except Exception as exc:
+        raise dg.Failure(
+            description=f"the stream function returned metadata Dagster cannot store ({type(exc).__name__}: {exc}); "
+            "nothing was committed, the ranges will be retried. Return plain int/float/str/bool or "
+            "dagster.MetadataValue values."
+        ) from exc
+
+
+def _ensure_partitions(context: dg.AssetExecutionContext, shards: Sequence[str]) -> dict[str, str]:
+    """Shard partitions are added by the member sensors; a run of a shard found since (or a backfill run
+    by hand) adds its own, so its materialization is never recorded against an unknown partition."""
+    partitions = context.assets_def.partitions_def
+    assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name is not None
+    known = set(context.instance.get_dynamic_partitions(partitions.name))
+    missing = [s for s in shards if s not in known]
+    if missing:
+        context.instance.add_dynamic_partitions(partitions.name, missing)
+    return {s: s for s in shards}
+
+
+def _lag_after(resource: StreamGroupResource, ends: Mapping[str, int]) -> dict[str, int]:
+    try:
+        marks = resource.backend().watermarks(list(ends))
     except StreamError:
-        return None
-    return max(0, high - end)
+        return {}
+    return {shard: max(0, marks[shard].high - end) for shard, end in ends.items() if shard in marks}

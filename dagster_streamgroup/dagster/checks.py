@@ -1,4 +1,4 @@
-"""Asset checks of a stream asset: lag below a bound, and no parked or dead-lettered ranges.
+"""Asset checks of a stream asset: lag below a bound, and no parked shards or unresolved dead letters.
 
 Both are evaluated by every run (with the state it committed into), and the parked check also by the
 member sensors whenever what is parked changes, because a range that keeps failing produces no
@@ -7,9 +7,11 @@ materialization to attach a result to.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import dagster as dg
 
-from dagster_streamgroup.protocol import EventKind, GroupState
+from dagster_streamgroup.protocol import GroupState
 
 LAG_CHECK = "lag_below_limit"
 PARKED_CHECK = "no_parked_ranges"
@@ -21,8 +23,8 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
         dg.AssetCheckSpec(
             LAG_CHECK,
             asset=asset_key,
-            description="The shard this run committed is at most `lag_alert_records` (a field of the group "
-            "resource) records behind the stream; each result's metadata gives the lag and the limit.",
+            description="Every shard this run committed is at most `lag_alert_records` (a field of the group "
+            "resource) records behind the stream; each result's metadata gives the lag per shard and the limit.",
         ),
         dg.AssetCheckSpec(
             PARKED_CHECK,
@@ -34,19 +36,25 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def lag_check_result(asset_key: dg.AssetKey, shard: str, lag: int | None, limit: int) -> dg.AssetCheckResult:
-    passed = lag is None or lag <= limit
+def lag_check_result(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckResult:
+    """One result per run: the worst of its shards decides, each shard's lag is in the metadata."""
+    behind = {shard: lag for shard, lag in sorted(lags.items()) if lag > limit}
+    worst = max(lags.values(), default=-1)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "max_lag": dg.MetadataValue.int(worst),
+        "limit": dg.MetadataValue.int(limit),
+    }
+    for shard, lag in sorted(lags.items()):
+        metadata[f"lag {shard}"] = dg.MetadataValue.int(lag)
     return dg.AssetCheckResult(
         asset_key=asset_key,
         check_name=LAG_CHECK,
-        passed=passed,
+        passed=not behind,
         severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "shard": dg.MetadataValue.text(shard),
-            "lag": dg.MetadataValue.int(lag if lag is not None else -1),
-            "limit": dg.MetadataValue.int(limit),
-        },
-        description=None if passed else f"{shard} is {lag} records behind (limit {limit})",
+        metadata=metadata,
+        description=None
+        if not behind
+        else "; ".join(f"{shard} is {lag} records behind (limit {limit})" for shard, lag in behind.items()),
     )
 
 
@@ -54,13 +62,15 @@ def _parked_metadata(state: GroupState | None) -> tuple[bool, dict[str, dg.RawMe
     if state is None:
         return True, {"parked_shards": dg.MetadataValue.int(0)}, ""
     parked = {sid: s.parked for sid, s in state.shards.items() if s.parked is not None}
-    dead = [e for e in state.events if e.kind == EventKind.DEAD_LETTER]
+    dead = state.dead_letters
     metadata: dict[str, dg.RawMetadataValue] = {
         "parked_shards": dg.MetadataValue.int(len(parked)),
         "dead_lettered_ranges": dg.MetadataValue.int(len(dead)),
     }
     lines = [f"{sid} parked at [{p.start}, {p.end}): {p.reason}" for sid, p in parked.items() if p is not None]
-    lines += [f"{e.shard} [{e.start}, {e.end}) dead-lettered: {e.detail}" for e in dead[-10:]]
+    lines += [f"{d.shard} [{d.start}, {d.end}) dead-lettered: {d.reason}" for d in dead[-10:]]
+    if len(dead) > 10:
+        lines.append(f"... and {len(dead) - 10} more dead letters (`streamgroup status --group ...` lists them)")
     if lines:
         metadata["details"] = dg.MetadataValue.md("\n".join(f"- {line}" for line in lines))
     return not parked and not dead, metadata, "; ".join(lines)

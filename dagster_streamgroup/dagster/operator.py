@@ -219,20 +219,47 @@ def check_backfill_range(
         )
 
 
-def launch_backfill(
-    handle: GroupHandle, shard: str, ranges: Sequence[tuple[int, int]], dagster_url: str
-) -> tuple[str, list[str]]:
-    """Register the ranges as partitions and launch one Dagster backfill over them (no offsets move)."""
+def launch_backfill(handle: GroupHandle, shard: str, ranges: Sequence[tuple[int, int]], dagster_url: str) -> list[str]:
+    """Launch one Dagster backfill of the shard's partition per range (the range in its tags; no offsets move).
+
+    These are ordinary partition backfills, as the UI launches them: a backfill of shard partitions with the
+    tags ``streamgroup/start`` and ``streamgroup/end`` re-processes that range of each shard."""
     if len(handle.assets) != 1:
         raise OperatorError(
             f"--group: expected one stream asset of group {handle.resource.group!r}, found {len(handle.assets)}"
         )
     asset = handle.assets[0]
-    keys = [sgt.range_partition_key(shard, s, e) for s, e in ranges]
     client = DagsterGraphQL(dagster_url)
     location, repository = client.location_of(asset.key)
     partitions = asset.partitions_def
     assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name is not None
-    client.add_partitions(location, repository, partitions.name, keys)
-    backfill_id = client.launch_backfill(asset.key, keys, sgt.backfill_tags(handle.resource.group, shard))
-    return backfill_id, keys
+    client.add_partitions(location, repository, partitions.name, [shard])
+    return [
+        client.launch_backfill(asset.key, [shard], sgt.backfill_tags(handle.resource.group, shard, start, end))
+        for start, end in ranges
+    ]
+
+
+def resolve_dead_letters(resource: StreamGroupResource, shard: str | None) -> list[protocol.DeadLetter]:
+    """An operator dealt with the dead letters of ``shard`` (or all): they leave the state and the check."""
+
+    def transition(current: GroupState | None, _now: float) -> tuple[GroupState | None, list[protocol.DeadLetter]]:
+        if current is None:
+            return current, []
+        if shard is not None and shard not in current.shards:
+            raise OperatorError(f"--shard: {shard} is not a shard of group {resource.group!r}")
+        return protocol.resolve_dead_letters(current, shard)
+
+    resolved, _ = update_state(resource.store(), resource.state_key(), transition)
+    return resolved
+
+
+def prune_legacy_partitions(instance: dg.DagsterInstance, group: str, *, dry_run: bool) -> int:
+    """The upgrade step from one partition per range to one per shard: the old range keys hold no offsets
+    (the group state does), only their materializations' history, which stays in the event log."""
+    name = sgt.legacy_partitions_def_name(group)
+    keys = list(instance.get_dynamic_partitions(name))
+    if not dry_run:
+        for key in keys:
+            instance.delete_dynamic_partition(name, key)
+    return len(keys)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -118,14 +118,27 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     session_timeout_s: float = Field(default=20.0, description="A member silent this long is evicted.")
     join_grace_s: float | None = Field(default=None, description="Wait before a new member claims shards.")
     drain_timeout_s: float = Field(default=600.0, description="How long a departed member's run may still commit.")
-    max_records_per_run: int = Field(default=100_000, description="Upper bound of one run's offset range.")
-    min_backlog: int = Field(default=1, description="Launch once this many records wait ...")
-    max_wait_s: float = Field(default=60.0, description="... or once a smaller backlog waited this long.")
+    run_mode: str = Field(
+        default="member",
+        description="member: one run per member tick over all its ready shards (fixed costs paid once per batch); "
+        "shard: one run per shard range.",
+    )
+    max_records_per_run: int = Field(
+        default=1_000_000,
+        description="Records one run reads at most; in member mode split across the member's shards by backlog.",
+    )
+    min_backlog: int = Field(default=20_000, description="Launch at once when this many records wait ...")
+    max_wait_s: float = Field(
+        default=15.0, description="... or once a smaller backlog has waited this long (the latency of a quiet stream)."
+    )
     max_attempts: int = Field(default=3, description="Runs of one range before it is parked or dead-lettered.")
     after_max_attempts: str = Field(
         default="park", description="park: stop the shard until unparked; dead_letter: record the range, move on."
     )
-    seek: str = Field(default="earliest", description="earliest or latest: start of a shard with no offset.")
+    seek: str = Field(default="earliest", description="earliest, latest or timestamp: start of a shard with no offset.")
+    seek_timestamp_ms: int | None = Field(
+        default=None, description="With seek='timestamp': epoch milliseconds of the first record to read."
+    )
     on_data_loss: str = Field(
         default="fail", description="Offsets lost to retention: park the shard, or skip to the earliest offset."
     )
@@ -209,6 +222,15 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
 
     def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
         """The records of ``[start, end)`` of ``shard`` as a Spark DataFrame (lazy)."""
+        return self.read_ranges(spark, {shard: (start, end)})
+
+    def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
+        """The records of every ``shard: [start, end)`` as one Spark DataFrame (lazy): one read, one query
+        plan, however many shards a run holds; large ranges are split into several Spark partitions."""
+        raise NotImplementedError
+
+    def records_by_shard(self, df: DataFrame) -> dict[str, int]:
+        """Records per shard of a DataFrame this resource read (one Spark job)."""
         raise NotImplementedError
 
 
@@ -257,10 +279,16 @@ class KafkaStreamGroup(StreamGroupResource):
         config = self.stream_config()
         return _cached(_backends, config.model_dump_json(), repr(config.client_config()), lambda: KafkaBackend(config))
 
-    def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
-        from dagster_streamgroup.dagster.spark_read import read_kafka_range
+    def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
+        from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
 
-        return read_kafka_range(spark, self.stream_config(), shard, start, end, self.spark_split_records)
+        return read_kafka_ranges(
+            spark, self.stream_config(), dict(ranges), max_records_per_partition=self.spark_split_records
+        )
+
+    def records_by_shard(self, df: DataFrame) -> dict[str, int]:
+        rows = df.groupBy("topic", "partition").count().collect()
+        return {f"{row['topic']}:{row['partition']}": int(row["count"]) for row in rows}
 
 
 _V3IO_FIELDS = tuple(V3ioStreamConfig.model_fields)
@@ -326,9 +354,13 @@ class V3ioStreamGroup(StreamGroupResource):
             lambda: V3ioStateStore(connection),
         )
 
-    def read_range(self, spark: SparkSession, shard: str, start: int, end: int) -> DataFrame:
+    def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
         from dagster_streamgroup.spark.v3io_source import read_v3io_ranges
 
         return read_v3io_ranges(
-            spark, self.stream_config(), {shard: (start, end)}, max_records_per_partition=self.spark_split_records
+            spark, self.stream_config(), dict(ranges), max_records_per_partition=self.spark_split_records
         )
+
+    def records_by_shard(self, df: DataFrame) -> dict[str, int]:
+        rows = df.groupBy("shard").count().collect()
+        return {str(row["shard"]): int(row["count"]) for row in rows}

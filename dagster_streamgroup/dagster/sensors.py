@@ -1,10 +1,10 @@
 """Member sensors: N Dagster sensors, each one member of the consumer group.
 
-One tick: settle the ranges whose runs ended without reporting (crashed or cancelled runs), make peers that
-an operator stopped leave the group, run the member tick (heartbeat, evict, rebalance, plan), and request
-one run per range in flight whose run does not exist yet. Requests are deterministic, so a range recorded by
-a tick that died before Dagster launched it is requested again under the same run key. A tick does a few
-short broker and store calls and never touches Spark.
+One tick: settle the runs that ended without reporting (crashed or cancelled runs), make peers that an
+operator stopped leave the group, run the member tick (heartbeat, evict, rebalance, plan), and request each
+run in flight (one per member tick over all its ready shards, by default) whose Dagster run does not exist
+yet. Requests are deterministic, so a run recorded by a tick that died before Dagster launched it is requested
+again under the same run key. A tick does a few short broker and store calls and never touches Spark.
 
 The member id is the sensor name: a restarted daemon resumes the same membership instead of waiting out a
 session timeout.
@@ -132,18 +132,21 @@ def evaluate_member_tick(
         notes += _leave_stopped_peers(resource, instance, before, member_id, peers, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
     report = member.tick()
-    launches = _not_launched_yet(instance, report.inflight, member_id)
+    runs = _not_launched_yet(instance, list(protocol.runs_of(report.inflight).values()), member_id)
+    op_name = target.asset.node_def.name
     requests = [
         dg.RunRequest(
-            run_key=sgt.dagster_run_key(launch),
-            partition_key=sgt.range_partition_key(launch.shard, launch.start, launch.end),
-            tags=sgt.launch_tags(launch),
+            run_key=sgt.dagster_run_key(launches),
+            run_config={"ops": {op_name: {"config": sgt.run_config(launches).model_dump()}}},
+            tags=sgt.run_tags(launches),
+            asset_selection=[target.asset.key],
         )
-        for launch in launches
+        for launches in runs
     ]
-    new_keys = _new_partition_keys(instance, target, launches)
+    new_keys = _new_partition_keys(instance, target, report.state.shards)
     cursor = _Cursor.parse(context.cursor)
     events, cursor = _asset_events(target, resource, report, cursor)
+    events += _group_event_observations(target, report, before)
     summary = _summary(report, notes, time.monotonic() - started)
     context.log.info(summary)
     return dg.SensorResult(
@@ -163,15 +166,16 @@ def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance
         return None
 
 
-def _new_partition_keys(
-    instance: dg.DagsterInstance | None, target: StreamTarget, launches: Iterable[Launch]
-) -> list[str]:
-    keys = [sgt.range_partition_key(launch.shard, launch.start, launch.end) for launch in launches]
-    if instance is None or not keys:
-        return keys
+def _new_partition_keys(instance: dg.DagsterInstance | None, target: StreamTarget, shards: Iterable[str]) -> list[str]:
+    """Shards without their partition yet: one partition per shard, added once, so the keys stay as few as
+    the stream's shards however long it runs."""
     name = target.partitions_def.name
     assert name is not None
-    return [key for key in keys if not instance.has_dynamic_partition(name, key)]
+    keys = list(shards)
+    if instance is None:
+        return keys
+    known = set(instance.get_dynamic_partitions(name))
+    return [key for key in keys if key not in known]
 
 
 def _repository_of(context: dg.SensorEvaluationContext) -> tuple[str | None, str | None]:
@@ -220,26 +224,28 @@ def _leave_stopped_peers(
     return notes
 
 
-def _not_launched_yet(instance: dg.DagsterInstance | None, launches: Sequence[Launch], member_id: str) -> list[Launch]:
-    """The ranges in flight whose run does not exist yet. Every range in flight is requested until its run
-    exists (a tick may have recorded it and died before Dagster launched it); requesting it again after that
-    would only make the daemon skip it as a duplicate run key, on every tick while it runs."""
-    if instance is None or not launches:
-        return list(launches)
-    keys = [sgt.dagster_run_key(launch) for launch in launches]
+def _not_launched_yet(
+    instance: dg.DagsterInstance | None, runs: Sequence[Sequence[Launch]], member_id: str
+) -> list[Sequence[Launch]]:
+    """The runs in flight whose Dagster run does not exist yet. Every run in flight is requested until its
+    Dagster run exists (a tick may have recorded it and died before Dagster launched it); requesting it again
+    after that would only make the daemon skip it as a duplicate run key, on every tick while it runs."""
+    if instance is None or not runs:
+        return list(runs)
+    keys = [sgt.dagster_run_key(launches) for launches in runs]
     records = instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys, sgt.TAG_MEMBER: member_id}))
     existing = {record.dagster_run.tags.get("dagster/run_key") for record in records}
-    return [launch for launch, key in zip(launches, keys, strict=True) if key not in existing]
+    return [launches for launches, key in zip(runs, keys, strict=True) if key not in existing]
 
 
 def _settle_ended_runs(
     member: GroupMember, instance: dg.DagsterInstance, state: GroupState, member_id: str
 ) -> list[str]:
-    """A run that crashed or was cancelled cannot report its failure: report it, so the range is retried."""
-    launches = protocol.inflight_launches(state, member_id)
-    if not launches:
+    """A run that crashed or was cancelled cannot report its failure: report it, so its ranges are retried."""
+    runs = protocol.runs_of(protocol.inflight_launches(state, member_id))
+    if not runs:
         return []
-    by_key = {sgt.dagster_run_key(launch): launch for launch in launches}
+    by_key = {sgt.dagster_run_key(launches): launches for launches in runs.values()}
     records = instance.get_run_records(
         dg.RunsFilter(
             tags={"dagster/run_key": list(by_key), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED_UNREPORTED)
@@ -248,15 +254,18 @@ def _settle_ended_runs(
     notes = []
     for record in records:
         run = record.dagster_run
-        launch = by_key.get(run.tags.get("dagster/run_key", ""))
-        if launch is None:
+        launches = by_key.get(run.tags.get("dagster/run_key", ""))
+        if launches is None:
             continue
-        outcome = member.fail(
-            protocol.report_of(launch), f"run {run.run_id} ended {run.status.value} without reporting"
+        outcomes = member.fail_run(
+            [protocol.report_of(x) for x in launches], f"run {run.run_id} ended {run.status.value} without reporting"
         )
-        if outcome != protocol.FailOutcome.IGNORED:
-            what = f"{launch.shard} [{launch.start}, {launch.end})"
-            notes.append(f"run {run.run_id} of {what} {run.status.value}: {outcome.value}")
+        handled = {shard: o for shard, o in outcomes.items() if o != protocol.FailOutcome.IGNORED}
+        if handled:
+            what = ", ".join(
+                f"{x.shard} [{x.start}, {x.end}) {handled[x.shard].value}" for x in launches if x.shard in handled
+            )
+            notes.append(f"run {run.run_id} {run.status.value}: {what}")
     return notes
 
 
@@ -322,13 +331,52 @@ def _asset_events(
         events.append(dg.AssetObservation(asset_key=target.asset.key, metadata=metadata))
         cursor.lag_reported_at = now
     parked = tuple(sorted(sid for sid, s in report.state.shards.items() if s.parked is not None))
-    dead = sum(1 for e in report.state.events if e.kind == EventKind.DEAD_LETTER)
+    dead = len(report.state.dead_letters)
     if parked != cursor.parked or dead != cursor.dead_letters:
         if cursor.parked is not None or parked or dead:
             events.append(parked_check_evaluation(target.asset.key, report.state))
         cursor.parked = parked
         cursor.dead_letters = dead
     return events, cursor
+
+
+OBSERVED_EVENTS = frozenset(
+    {
+        EventKind.DATA_LOSS,
+        EventKind.PARKED,
+        EventKind.DEAD_LETTER,
+        EventKind.OFFSETS_AHEAD,
+        EventKind.DRAIN_EXPIRED,
+        EventKind.EVICTED,
+    }
+)
+
+
+def _group_event_observations(
+    target: StreamTarget, report: TickReport, before: GroupState | None
+) -> list[dg.AssetObservation]:
+    """The group's new events as observations of the stream asset (of the shard's partition where there is
+    one), so a retention loss or a dead letter is in the asset's event history whether or not the same tick
+    requested runs (a tick that requests runs shows no skip message)."""
+    seen = set(before.events) if before is not None else set()
+    observations = []
+    for event in report.state.events:
+        if event in seen:
+            continue
+        if event.kind not in OBSERVED_EVENTS:
+            continue
+        metadata: dict[str, dg.RawMetadataValue] = {
+            "event": dg.MetadataValue.text(event.kind.value),
+            "detail": dg.MetadataValue.text(event.detail),
+            "reported_by": dg.MetadataValue.text(report.member_id),
+        }
+        if event.member_id:
+            metadata["member"] = dg.MetadataValue.text(event.member_id)
+        if event.start is not None and event.end is not None:
+            metadata["start"] = dg.MetadataValue.int(event.start)
+            metadata["end"] = dg.MetadataValue.int(event.end)
+        observations.append(dg.AssetObservation(asset_key=target.asset.key, partition=event.shard, metadata=metadata))
+    return observations
 
 
 def _summary(report: TickReport, notes: list[str], seconds: float) -> str:

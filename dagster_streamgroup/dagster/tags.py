@@ -1,30 +1,40 @@
-"""Run tags and range partition keys: the identity a run carries from the sensor tick to its commit.
+"""What a run carries from the sensor tick to its commit: its ranges (run config), its identity (run tags).
 
-A run launched by a member carries every field of its ``RangeReport`` as a tag, so the run can present its
-commit without reading anything else, and the UI can filter runs by group, shard or member. A run without
-the member tags (a backfill from the UI or the CLI) re-processes its range and never commits.
+A run launched by a member holds its ranges in its run config (``StreamRunConfig``: shard, start, end,
+attempt and epoch of each) and names its member and run key in tags, so it can present its commit without
+reading anything else, and the UI can filter runs by group, member or run key. A run without a member (a
+backfill from the UI or the CLI) re-processes its ranges and never commits.
+
+Partitions are shards, not ranges: one dynamic partition per shard, so a stream running for a year keeps
+as many partition keys as it has shards, and every committed range is a materialization of its shard.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+import dagster as dg
+from pydantic import Field
 
 from dagster_streamgroup.protocol import Launch, RangeReport
 
 PREFIX = "streamgroup/"
 TAG_GROUP = PREFIX + "group"
+TAG_MEMBER = PREFIX + "member"
+TAG_RUN_KEY = PREFIX + "run_key"
+"""The protocol's run key (also the Dagster run key of a member's run)."""
+TAG_RANGES = PREFIX + "ranges"
+"""How many ranges the run holds."""
+TAG_RECORDS = PREFIX + "records"
+TAG_ATTEMPT = PREFIX + "attempt"
+"""The highest attempt among the run's ranges (0: every range is on its first try)."""
 TAG_SHARD = PREFIX + "shard"
+"""Set on runs of a single shard (backfills, retries), for filtering and per-shard run limits."""
+TAG_BACKFILL = PREFIX + "backfill"
 TAG_START = PREFIX + "start"
 TAG_END = PREFIX + "end"
-TAG_EPOCH = PREFIX + "epoch"
-TAG_MEMBER = PREFIX + "member"
-TAG_ATTEMPT = PREFIX + "attempt"
-TAG_RANGE_KEY = PREFIX + "range_key"
-"""The protocol's run key of the range (the Dagster run key adds the epoch, see ``dagster_run_key``)."""
-TAG_BACKFILL = PREFIX + "backfill"
-
-MEMBER_TAGS = (TAG_GROUP, TAG_SHARD, TAG_START, TAG_END, TAG_EPOCH, TAG_MEMBER, TAG_RANGE_KEY)
+"""A backfill of shard partitions from the UI gives its offset range in these two tags."""
 
 _NAME_RE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -35,74 +45,123 @@ def dagster_name(group: str) -> str:
 
 
 def partitions_def_name(group: str) -> str:
+    """The shard partitions of the group's stream asset."""
+    return f"{dagster_name(group)}_shards"
+
+
+def legacy_partitions_def_name(group: str) -> str:
+    """The one-key-per-range partitions of versions before shard partitions (removed by ``streamgroup
+    prune-partitions``)."""
     return f"{dagster_name(group)}_ranges"
 
 
-def range_partition_key(shard: str, start: int, end: int) -> str:
-    """``<shard>:<start>-<end>``; shard ids may hold ':' themselves (Kafka ``topic:partition``)."""
-    return f"{shard}:{start}-{end}"
+class RangeSpec(dg.Config):
+    """One offset range of a run: ``[start, end)`` of ``shard``."""
+
+    shard: str = Field(description="The shard: '<topic>:<partition>' (Kafka) or the shard number (v3io).")
+    start: int = Field(ge=0, description="First offset (inclusive).")
+    end: int = Field(ge=0, description="End offset (exclusive).")
+    attempt: int = Field(default=0, ge=0, description="Set by member sensors: the range's attempt.")
+    epoch: int = Field(default=0, ge=0, description="Set by member sensors: the shard epoch it was launched under.")
 
 
-def parse_range_partition_key(key: str) -> tuple[str, int, int]:
-    shard, sep, span = key.rpartition(":")
-    start_s, dash, end_s = span.partition("-")
-    if not sep or not shard or not dash or not start_s.isdigit() or not end_s.isdigit():
-        raise ValueError(f"partition key {key!r} is not a range key '<shard>:<start>-<end>'")
-    start, end = int(start_s), int(end_s)
-    if start > end:
-        raise ValueError(f"partition key {key!r}: start {start} is after end {end}")
-    return shard, start, end
+class StreamRunConfig(dg.Config):
+    """The ranges a run of a stream asset processes. Member sensors fill every field; to re-process ranges by
+    hand (a backfill from the Launchpad), give only ``ranges`` (shard, start, end): nothing is committed."""
+
+    ranges: list[RangeSpec] = Field(default_factory=list, description="The offset ranges, one per shard at most.")
+    member: str | None = Field(default=None, description="Set by member sensors: the member that launched the run.")
+    run_key: str | None = Field(default=None, description="Set by member sensors: the protocol's run key.")
 
 
-def dagster_run_key(launch: Launch) -> str:
-    """The Dagster run key of a launch: the protocol's key (range + attempt) plus the shard epoch.
+def dagster_run_key(launches: Sequence[Launch]) -> str:
+    """The Dagster run key of a run: the protocol's key, which names the run's ranges, attempts and epochs.
 
-    The epoch matters when a range is launched again by the same member after its ownership moved (a drain
-    that expired, or the member leaving and coming back): Dagster keeps a run key used for good, per sensor,
-    so without the epoch that relaunch would be skipped as a duplicate."""
-    return f"{launch.run_key}:e{launch.epoch}"
+    A range recorded in flight before shard epochs were part of run keys (state schema 2) gets the epoch
+    appended, as the Dagster run key of its run had then, so an upgrade never requests its run twice."""
+    first = launches[0]
+    if len(launches) == 1 and not first.run_key.endswith(f":e{first.epoch}"):
+        return f"{first.run_key}:e{first.epoch}"
+    return first.run_key
 
 
-def launch_tags(launch: Launch) -> dict[str, str]:
-    return {
-        TAG_GROUP: launch.group,
-        TAG_SHARD: launch.shard,
-        TAG_START: str(launch.start),
-        TAG_END: str(launch.end),
-        TAG_EPOCH: str(launch.epoch),
-        TAG_MEMBER: launch.member_id,
-        TAG_ATTEMPT: str(launch.attempt),
-        TAG_RANGE_KEY: launch.run_key,
+def run_config(launches: Sequence[Launch]) -> StreamRunConfig:
+    first = launches[0]
+    return StreamRunConfig(
+        ranges=[RangeSpec(shard=x.shard, start=x.start, end=x.end, attempt=x.attempt, epoch=x.epoch) for x in launches],
+        member=first.member_id,
+        run_key=first.run_key,
+    )
+
+
+def run_tags(launches: Sequence[Launch]) -> dict[str, str]:
+    first = launches[0]
+    tags = {
+        TAG_GROUP: first.group,
+        TAG_MEMBER: first.member_id,
+        TAG_RUN_KEY: first.run_key,
+        TAG_RANGES: str(len(launches)),
+        TAG_RECORDS: str(sum(x.records for x in launches)),
+        TAG_ATTEMPT: str(max(x.attempt for x in launches)),
     }
+    if len(launches) == 1:
+        tags[TAG_SHARD] = first.shard
+    return tags
 
 
-def backfill_tags(group: str, shard: str) -> dict[str, str]:
-    """Tags of a backfill run: the shard tag keeps the one-run-per-shard limit, and no member identity."""
-    return {TAG_BACKFILL: "true", TAG_GROUP: group, TAG_SHARD: shard}
+def backfill_tags(group: str, shard: str, start: int, end: int) -> dict[str, str]:
+    """Tags of a backfill of one shard partition: its range, and no member identity."""
+    return {TAG_BACKFILL: "true", TAG_GROUP: group, TAG_SHARD: shard, TAG_START: str(start), TAG_END: str(end)}
 
 
 class RangeTagsError(ValueError):
-    """The run's tags name a range that does not match its partition, or only part of a member identity."""
+    """A run's configuration or tags name ranges that cannot be processed as given."""
 
 
-def report_from_tags(tags: Mapping[str, str], shard: str, start: int, end: int) -> RangeReport | None:
-    """The commit identity of a member-launched run, or ``None`` for a backfill run (nothing to commit)."""
+def member_reports(config: StreamRunConfig, group: str, tags: Mapping[str, str]) -> list[RangeReport] | None:
+    """The commit identities of a member-launched run, or ``None`` for a backfill (nothing to commit)."""
     if tags.get(TAG_BACKFILL, "").lower() == "true":
         return None
-    present = [t for t in MEMBER_TAGS if t in tags]
-    if not present:
+    if config.member is None:
+        if config.run_key is not None:
+            raise RangeTagsError("run config names a run_key but no member; refusing to commit")
         return None
-    missing = [t for t in MEMBER_TAGS if t not in tags]
-    if missing:
-        raise RangeTagsError(f"run tags name a member launch but lack {missing}; refusing to commit")
-    try:
-        tag_start, tag_end, epoch = int(tags[TAG_START]), int(tags[TAG_END]), int(tags[TAG_EPOCH])
-    except ValueError as exc:
-        raise RangeTagsError(f"run tags {TAG_START}/{TAG_END}/{TAG_EPOCH} must be integers: {exc}") from None
-    if (tags[TAG_SHARD], tag_start, tag_end) != (shard, start, end):
-        raise RangeTagsError(
-            f"run tags name {tags[TAG_SHARD]} [{tag_start}, {tag_end}) but the partition is {shard} [{start}, {end})"
+    if config.run_key is None:
+        raise RangeTagsError("run config names a member but no run_key; refusing to commit")
+    if tags.get(TAG_GROUP, group) != group:
+        raise RangeTagsError(f"run tags name group {tags[TAG_GROUP]!r}, the asset's is {group!r}")
+    if tags.get(TAG_MEMBER, config.member) != config.member:
+        raise RangeTagsError(f"run tags name member {tags[TAG_MEMBER]!r} but its config {config.member!r}")
+    return [
+        RangeReport(
+            shard=r.shard, member_id=config.member, epoch=r.epoch, start=r.start, end=r.end, run_key=config.run_key
         )
-    return RangeReport(
-        shard=shard, member_id=tags[TAG_MEMBER], epoch=epoch, start=start, end=end, run_key=tags[TAG_RANGE_KEY]
-    )
+        for r in config.ranges
+    ]
+
+
+def check_ranges(ranges: Sequence[RangeSpec]) -> None:
+    shards = [r.shard for r in ranges]
+    if len(set(shards)) != len(shards):
+        raise RangeTagsError(f"a run holds at most one range per shard, got {shards}")
+    for r in ranges:
+        if r.start > r.end:
+            raise RangeTagsError(f"range {r.shard} [{r.start}, {r.end}): start is after end")
+
+
+def ranges_from_backfill_tags(partition_keys: Sequence[str], tags: Mapping[str, str]) -> list[RangeSpec]:
+    """A backfill of shard partitions (the UI's, or ``streamgroup backfill``): the same offset range of each."""
+    start_text, end_text = tags.get(TAG_START), tags.get(TAG_END)
+    if start_text is None or end_text is None:
+        raise RangeTagsError(
+            f"a run of shard partitions {list(partition_keys)} needs the offset range to re-process: add the tags "
+            f"{TAG_START} and {TAG_END} to the backfill (or use `streamgroup backfill`, or give ranges in the run "
+            "config from the Launchpad)"
+        )
+    try:
+        start, end = int(start_text), int(end_text)
+    except ValueError:
+        raise RangeTagsError(f"tags {TAG_START}/{TAG_END} must be integers, got {start_text!r}/{end_text!r}") from None
+    if start < 0 or start > end:
+        raise RangeTagsError(f"tags {TAG_START}/{TAG_END}: need 0 <= start <= end, got [{start}, {end})")
+    return [RangeSpec(shard=key, start=start, end=end) for key in partition_keys]

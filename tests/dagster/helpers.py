@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, stream_asset
+from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, ranges_of, stream_asset
 
 
 def group_name() -> str:
@@ -26,6 +26,7 @@ def group_resource(bootstrap: str, topic: str, group: str, tmp_path: Path, **ove
         "session_timeout_s": 30.0,
         "join_grace_s": 0.0,
         "max_records_per_run": 300,
+        "min_backlog": 1,
         "max_attempts": 2,
     }
     settings.update(overrides)
@@ -56,27 +57,40 @@ class SensorDriver:
             self.cursor = result.cursor
         return result
 
-    def requests(self) -> dict[str, dg.RunRequest]:
-        """One tick's run requests by shard."""
-        out = {}
-        for request in self.tick().run_requests or []:
-            assert request.tags is not None
-            out[request.tags["streamgroup/shard"]] = request
-        return out
+    def requests(self) -> list[dg.RunRequest]:
+        """One tick's run requests."""
+        return list(self.tick().run_requests or [])
+
+    def request(self) -> dg.RunRequest:
+        """The one run request of a tick."""
+        requests = self.requests()
+        assert len(requests) == 1, [r.run_key for r in requests]
+        return requests[0]
+
+
+def ranges_of_request(request: dg.RunRequest) -> list[tuple[str, int, int]]:
+    """(shard, start, end) of each range a run request holds, from its run config."""
+    config = next(iter(request.run_config["ops"].values()))["config"]
+    return [(r["shard"], r["start"], r["end"]) for r in config["ranges"]]
 
 
 def counting_asset(
-    group: str, seen: list[tuple[str, int]], fail_with: list[Exception] | None = None
+    group: str, seen: list[tuple[str, int, int, int]], fail_with: list[Exception] | None = None
 ) -> dg.AssetsDefinition:
-    """A stream asset that records (partition, rows) and optionally raises the queued errors first."""
+    """A stream asset that records (shard, start, end, rows) of each range it processed, and optionally raises
+    the queued errors first."""
 
     @stream_asset(group=group, name=f"events_{group}")
     def events(context: dg.AssetExecutionContext, df: Any) -> dict[str, Any]:
         if fail_with:
             raise fail_with.pop(0)
-        rows = df.count()
-        seen.append((context.partition_key, rows))
-        return {"rows_seen": dg.MetadataValue.int(rows)}
+        shard_of = (
+            "concat_ws(':', topic, cast(partition as string))" if "topic" in df.columns else "cast(shard as string)"
+        )
+        counts = {row[0]: row[1] for row in df.selectExpr(f"{shard_of} as s").groupBy("s").count().collect()}
+        for r in ranges_of(context):
+            seen.append((r.shard, r.start, r.end, int(counts.get(r.shard, 0))))
+        return {"rows_seen": dg.MetadataValue.int(sum(counts.values()))}
 
     return events
 

@@ -14,7 +14,14 @@ from dagster._core.test_utils import create_run_for_test
 
 from dagster_streamgroup.cli import main
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
-from tests.dagster.helpers import SensorDriver, counting_asset, group_name, group_resource, sensors_for
+from tests.dagster.helpers import (
+    SensorDriver,
+    counting_asset,
+    group_name,
+    group_resource,
+    ranges_of_request,
+    sensors_for,
+)
 from tests.fixtures.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -56,11 +63,15 @@ def test_status_unpark_and_backfill_plan(kafka_bootstrap: str, kafka_topics: Top
     assert empty.exit_code == 0, empty.output
     assert "has no state yet" in empty.output
 
-    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_attempts=1)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_attempts=1, run_mode="shard")
     sensor = sensors_for(counting_asset(group, []), members=1)[0]
+
+    def request_of(requests: list[dg.RunRequest], shard: str) -> dg.RunRequest:
+        return next(r for r in requests if ranges_of_request(r)[0][0] == shard)
+
     with dg.instance_for_test() as instance:
         driver = SensorDriver(sensor, instance, resource)
-        request = driver.requests()[f"{topic}:0"]
+        request = request_of(driver.requests(), f"{topic}:0")
         assert request.tags is not None
         create_run_for_test(
             instance,
@@ -89,9 +100,9 @@ def test_status_unpark_and_backfill_plan(kafka_bootstrap: str, kafka_topics: Top
 
         # the sensor retries the parked range under a new run key: the failed run's key is not seen as its
         # outcome (which would park the shard again), and the daemon would skip a reused key
-        retry = driver.requests()[f"{topic}:0"]
+        retry = request_of(driver.requests(), f"{topic}:0")
         assert retry.tags is not None and retry.run_key != request.run_key
-        assert (retry.tags["streamgroup/start"], retry.tags["streamgroup/end"]) == ("0", "300")
+        assert ranges_of_request(retry) == [(f"{topic}:0", 0, 300)]
         driver.tick()
         state = resource.member("reader").load()
         assert state is not None and state.shards[f"{topic}:0"].parked is None

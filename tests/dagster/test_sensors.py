@@ -11,66 +11,87 @@ from dagster._core.test_utils import create_run_for_test
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
-from tests.dagster.helpers import SensorDriver, counting_asset, group_name, group_resource, sensors_for
+from tests.dagster.helpers import (
+    SensorDriver,
+    counting_asset,
+    group_name,
+    group_resource,
+    ranges_of_request,
+    sensors_for,
+)
 from tests.fixtures.kafka import TopicFactory
 
 pytestmark = pytest.mark.kafka
 
 
-def test_members_claim_all_shards_and_request_bounded_ranges(
+def test_a_member_requests_one_run_over_all_its_shards_sized_by_backlog(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:
     topic = kafka_topics(partitions=4)
     ends = produce_sample(kafka_bootstrap, topic, 4, 2000)
     assert set(ends.values()) == {501}
     group = group_name()
-    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
-    sensors = sensors_for(counting_asset(group, []), members=2)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=1000)
+    asset = counting_asset(group, [])
+    sensors = sensors_for(asset, members=2)
     assert [s.name for s in sensors] == [f"{group}_member_0", f"{group}_member_1"]
     assert sensors[0].minimum_interval_seconds == 1
     with dg.instance_for_test() as instance:
         first, second = (SensorDriver(s, instance, resource) for s in sensors)
         result = first.tick()
-        by_shard = {r.tags["streamgroup/shard"]: r for r in result.run_requests or [] if r.tags}
-        assert sorted(by_shard) == [f"{topic}:{p}" for p in range(4)]
-        for shard, request in by_shard.items():
-            assert request.partition_key == f"{shard}:0-300"
-            assert request.run_key == f"{group}:{shard}:0-300:a0:e1"
-            assert request.tags is not None
-            assert request.tags[sgt.TAG_MEMBER] == sensors[0].name
-            assert request.tags[sgt.TAG_START] == "0" and request.tags[sgt.TAG_END] == "300"
-            assert request.tags[sgt.TAG_EPOCH] == "1" and request.tags[sgt.TAG_ATTEMPT] == "0"
+        [request] = result.run_requests or []
+        assert ranges_of_request(request) == [(f"{topic}:{p}", 0, 250) for p in range(4)], "1,000 split by backlog"
+        assert request.partition_key is None and request.asset_selection == [asset.key]
+        assert request.run_key is not None and request.run_key.startswith(f"{group}:{sensors[0].name}:4r:")
+        assert request.tags is not None
+        assert request.tags[sgt.TAG_MEMBER] == sensors[0].name and request.tags[sgt.TAG_RUN_KEY] == request.run_key
+        assert (request.tags[sgt.TAG_RANGES], request.tags[sgt.TAG_RECORDS], request.tags[sgt.TAG_ATTEMPT]) == (
+            "4",
+            "1000",
+            "0",
+        )
+        config = next(iter(request.run_config["ops"].values()))["config"]
+        assert config["member"] == sensors[0].name and {r["epoch"] for r in config["ranges"]} == {1}
+        # one partition per shard, whatever the ranges
         added = result.dynamic_partitions_requests
-        assert added and sorted(added[0].partition_keys or []) == sorted(r.partition_key for r in by_shard.values())
+        assert added and sorted(added[0].partition_keys or []) == [f"{topic}:{p}" for p in range(4)]
         instance.add_dynamic_partitions(sgt.partitions_def_name(group), list(added[0].partition_keys or []))
 
-        # Ranges whose run does not exist yet are requested again (a tick may have died before Dagster
-        # launched them); no partition is added twice.
+        # A run whose Dagster run does not exist yet is requested again (a tick may have died before Dagster
+        # launched it); no partition is added twice.
         again = first.tick()
-        assert sorted(r.run_key or "" for r in again.run_requests or []) == sorted(
-            r.run_key or "" for r in by_shard.values()
-        )
+        assert [r.run_key for r in again.run_requests or []] == [request.run_key]
         assert not again.dynamic_partitions_requests
-        # Once a range's run exists, it is not requested again (the daemon would only skip it as a duplicate).
-        launched = by_shard[f"{topic}:0"]
-        assert launched.tags is not None
+        # Once its run exists, it is not requested again (the daemon would only skip it as a duplicate).
         create_run_for_test(
             instance,
             status=dg.DagsterRunStatus.STARTED,
-            tags={**launched.tags, "dagster/run_key": launched.run_key or ""},
+            tags={**request.tags, "dagster/run_key": request.run_key},
         )
-        rest = first.tick()
-        assert sorted(r.tags["streamgroup/shard"] for r in rest.run_requests or [] if r.tags) == [
-            f"{topic}:{p}" for p in range(1, 4)
-        ]
+        assert not first.tick().run_requests
 
-        # A second member joins: shards with a range in flight stay put until the range ends.
+        # A second member joins: shards with a range in flight stay put until the run ends.
         joined = second.tick()
         assert not joined.run_requests
         assert f"{sensors[1].name}: owns none" in (joined.skip_reason.skip_message or "" if joined.skip_reason else "")
         state = resource.member("reader").load()
         assert state is not None and set(state.members) == {sensors[0].name, sensors[1].name}
         assert all(s.committed == 0 for s in state.shards.values())
+
+
+def test_shard_mode_requests_one_run_per_range(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 1000)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, run_mode="shard")
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    with dg.instance_for_test() as instance:
+        requests = SensorDriver(sensor, instance, resource).requests()
+        assert sorted(ranges_of_request(r)[0] for r in requests) == [(f"{topic}:{p}", 0, 300) for p in range(2)]
+        assert sorted(r.run_key or "" for r in requests) == [f"{group}:{topic}:{p}:0-300:a0:e1" for p in range(2)]
+        assert all(r.tags and r.tags[sgt.TAG_SHARD] == ranges_of_request(r)[0][0] for r in requests)
 
 
 def test_idle_member_says_what_it_owns(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
@@ -101,39 +122,54 @@ def test_a_sensor_interval_other_than_the_resources_heartbeat_fails_the_tick(
 def test_a_run_that_ended_without_reporting_is_retried_then_parked(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:
-    topic = kafka_topics(partitions=1)
-    produce_sample(kafka_bootstrap, topic, 1, 100)
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 100)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_attempts=2)
     sensor = sensors_for(counting_asset(group, []), members=1)[0]
-    shard = f"{topic}:0"
+    shards = [f"{topic}:0", f"{topic}:1"]
     with dg.instance_for_test() as instance:
         driver = SensorDriver(sensor, instance, resource)
-        first = driver.requests()[shard]
+        first = driver.request()
+        assert ranges_of_request(first) == [(shards[0], 0, 51), (shards[1], 0, 51)]
         assert first.tags is not None
         # The run crashed: Dagster marks it failed, the run itself never reported.
         create_run_for_test(
             instance, status=dg.DagsterRunStatus.FAILURE, tags={**first.tags, "dagster/run_key": first.run_key or ""}
         )
-        retry = driver.requests()[shard]
-        assert retry.partition_key == first.partition_key  # the same offsets ...
-        assert retry.run_key != first.run_key and retry.tags is not None  # ... as a new attempt
-        assert retry.tags[sgt.TAG_ATTEMPT] == "1"
+        # each range is retried with the same offsets, as a new attempt, in a run of its own
+        retries = driver.requests()
+        assert sorted(ranges_of_request(r)[0] for r in retries) == sorted(ranges_of_request(first))
+        assert all(len(ranges_of_request(r)) == 1 and r.tags and r.tags[sgt.TAG_ATTEMPT] == "1" for r in retries)
+        assert first.run_key not in {r.run_key for r in retries}
 
+        poisoned = next(r for r in retries if ranges_of_request(r)[0][0] == shards[0])
+        healthy = next(r for r in retries if ranges_of_request(r)[0][0] == shards[1])
+        assert poisoned.tags is not None and healthy.tags is not None
         create_run_for_test(
-            instance, status=dg.DagsterRunStatus.CANCELED, tags={**retry.tags, "dagster/run_key": retry.run_key or ""}
+            instance,
+            status=dg.DagsterRunStatus.CANCELED,
+            tags={**poisoned.tags, "dagster/run_key": poisoned.run_key or ""},
+        )
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.STARTED,
+            tags={**healthy.tags, "dagster/run_key": healthy.run_key or ""},
         )
         parked = driver.tick()
         assert not parked.run_requests
         checks = [e for e in parked.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
         assert [(c.check_name, c.passed) for c in checks] == [(PARKED_CHECK, False)]
+        observed = [e for e in parked.asset_events if isinstance(e, dg.AssetObservation) and "event" in e.metadata]
+        assert [(o.partition, o.metadata["event"].value) for o in observed] == [(shards[0], "parked")]
         assert parked.skip_reason is not None
-        assert f"PARKED: {shard} [0, 101)" in (parked.skip_reason.skip_message or "")
+        assert f"PARKED: {shards[0]} [0, 51)" in (parked.skip_reason.skip_message or "")
         state = resource.member("reader").load()
         assert state is not None
-        parked_shard = state.shards[shard]
-        assert parked_shard.parked is not None and (parked_shard.parked.start, parked_shard.parked.end) == (0, 101)
+        parked_shard = state.shards[shards[0]]
+        assert parked_shard.parked is not None and (parked_shard.parked.start, parked_shard.parked.end) == (0, 51)
         assert parked_shard.committed == 0  # nothing skipped
+        assert state.shards[shards[1]].parked is None and state.shards[shards[1]].inflight is not None
 
         quiet = driver.tick()  # the check is reported once, when what is parked changes
         assert not [e for e in quiet.asset_events if isinstance(e, dg.AssetCheckEvaluation)]

@@ -9,11 +9,18 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, stream_asset
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
-from tests.dagster.helpers import SensorDriver, counting_asset, group_name, group_resource, sensors_for
+from tests.dagster.helpers import (
+    SensorDriver,
+    counting_asset,
+    group_name,
+    group_resource,
+    ranges_of_request,
+    sensors_for,
+)
 from tests.fixtures.kafka import TopicFactory
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -29,67 +36,104 @@ def run(
     instance: dg.DagsterInstance,
     resource: KafkaStreamGroup,
     spark: StreamSparkResource,
-    request: dg.RunRequest | str,
+    request: dg.RunRequest | tuple[str, int, int],
     **tag_overrides: str,
 ) -> dg.ExecuteInProcessResult:
-    """Materialize one range as the daemon would launch it (a RunRequest) or as a backfill (a bare key)."""
-    if isinstance(request, str):
-        key, tags = request, {}
-    else:
-        assert request.partition_key is not None and request.tags is not None
-        key, tags = request.partition_key, {**request.tags, "dagster/run_key": request.run_key or ""}
-    instance.add_dynamic_partitions(sgt.partitions_def_name(resource.group), [key])
+    """Materialize a run as the daemon would launch it (a RunRequest), or a backfill of ``(shard, start, end)``
+    as the UI launches one (the shard partition, the range in tags)."""
+    if not isinstance(request, dg.RunRequest):  # a RunRequest is a NamedTuple too
+        shard, start, end = request
+        instance.add_dynamic_partitions(sgt.partitions_def_name(resource.group), [shard])
+        return dg.materialize(
+            [asset],
+            instance=instance,
+            partition_key=shard,
+            tags={**sgt.backfill_tags(resource.group, shard, start, end), **tag_overrides},
+            resources={"streamgroup": resource, "pyspark": spark},
+            raise_on_error=False,
+        )
+    assert request.tags is not None
+    tags = {**request.tags, "dagster/run_key": request.run_key or ""}
     return dg.materialize(
         [asset],
         instance=instance,
-        partition_key=key,
+        run_config=request.run_config,
         tags={**tags, **tag_overrides},
         resources={"streamgroup": resource, "pyspark": spark},
         raise_on_error=False,
     )
 
 
-def metadata_of(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
-    [materialization] = result.asset_materializations_for_node(result.job_def.nodes[0].name)
-    return {k: v.value for k, v in materialization.metadata.items()}
+def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
+    """Each range's materialization metadata, by shard partition."""
+    out = {}
+    for materialization in result.asset_materializations_for_node(result.job_def.nodes[0].name):
+        assert materialization.partition is not None
+        out[materialization.partition] = {k: v.value for k, v in materialization.metadata.items()}
+    return out
 
 
-def test_a_run_reads_its_range_commits_and_materializes(
+def refusal_of(result: dg.ExecuteInProcessResult) -> str:
+    failure = result.failure_data_for_node(result.job_def.nodes[0].name)
+    assert failure is not None and failure.user_failure_data is not None
+    return failure.user_failure_data.description or ""
+
+
+def test_a_run_reads_every_range_commits_them_together_and_materializes_each_shard(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
 ) -> None:
     topic = kafka_topics(partitions=2)
     produce_sample(kafka_bootstrap, topic, 2, 600)  # 301 records per partition
     group = group_name()
-    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
-    seen: list[tuple[str, int]] = []
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=1000)
+    seen: list[tuple[str, int, int, int]] = []
     asset = counting_asset(group, seen)
+    shards = [f"{topic}:0", f"{topic}:1"]
     with dg.instance_for_test() as instance:
         driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
-        request = driver.requests()[f"{topic}:0"]
+        request = driver.request()
         result = run(asset, instance, resource, spark, request)
         assert result.success
-        assert seen == [(f"{topic}:0:0-300", 300)]
-        meta = metadata_of(result)
-        assert (meta["shard"], meta["start"], meta["end"], meta["records"]) == (f"{topic}:0", 0, 300, 300)
-        assert (meta["member"], meta["epoch"], meta["committed"], meta["lag"]) == (driver.sensor.name, 1, 300, 1)
-        assert meta["rows_seen"] == 300 and meta["read_s"] >= 0 and meta["process_s"] >= 0
+        assert seen == [(shards[0], 0, 301, 301), (shards[1], 0, 301, 301)], "one call over both ranges"
+        meta = materializations(result)
+        assert sorted(meta) == shards
+        for shard in shards:
+            m = meta[shard]
+            assert (m["shard"], m["start"], m["end"], m["records"], m["committed"], m["lag"]) == (
+                shard,
+                0,
+                301,
+                301,
+                301,
+                0,
+            )
+            assert (m["member"], m["epoch"], m["run_ranges"], m["run_records"]) == (driver.sensor.name, 1, 2, 602)
+            assert m["rows_seen"] == 602 and m["read_s"] >= 0 and m["process_s"] >= 0
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
         assert checks == {LAG_CHECK: True, PARKED_CHECK: True}
+        assert set(instance.get_dynamic_partitions(sgt.partitions_def_name(group))) == set(shards)
 
         state = resource.member("reader").load()
-        assert state is not None and state.shards[f"{topic}:0"].committed == 300
-        assert resource.backend().committed(group, [f"{topic}:0"]) == {f"{topic}:0": 300}
+        assert state is not None and all(state.shards[s].committed == 301 for s in shards)
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
+        assert not driver.requests(), "nothing left to read"
 
-        following = driver.requests()[f"{topic}:0"]
-        assert following.partition_key == f"{topic}:0:300-301"
-
-        # Backfill: the same range again, processed but never committed (offsets stay where they are).
-        again = run(asset, instance, resource, spark, f"{topic}:0:0-300")
-        assert again.success and seen[-1] == (f"{topic}:0:0-300", 300)
-        assert metadata_of(again)["backfill"] is True
+        # Backfill: a range again, processed but never committed (offsets stay where they are).
+        again = run(asset, instance, resource, spark, (shards[0], 0, 100))
+        assert again.success and seen[-1] == (shards[0], 0, 100, 100)
+        assert materializations(again)[shards[0]]["backfill"] is True
         state = resource.member("reader").load()
-        assert state is not None and state.shards[f"{topic}:0"].committed == 300
-        assert resource.backend().committed(group, [f"{topic}:0"]) == {f"{topic}:0": 300}
+        assert state is not None and state.shards[shards[0]].committed == 301
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
+        # a backfill of a shard partition without its range says how to give it
+        bare = dg.materialize(
+            [asset],
+            instance=instance,
+            partition_key=shards[0],
+            resources={"streamgroup": resource, "pyspark": spark},
+            raise_on_error=False,
+        )
+        assert not bare.success
 
 
 def test_a_failing_function_is_retried_with_the_same_offsets(
@@ -99,12 +143,12 @@ def test_a_failing_function_is_retried_with_the_same_offsets(
     produce_sample(kafka_bootstrap, topic, 1, 100)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_attempts=3)
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str, int, int, int]] = []
     asset = counting_asset(group, seen, fail_with=[RuntimeError("bad record")])
     shard = f"{topic}:0"
     with dg.instance_for_test() as instance:
         driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
-        first = driver.requests()[shard]
+        first = driver.request()
         failed = run(asset, instance, resource, spark, first)
         assert not failed.success
         state = resource.member("reader").load()
@@ -112,54 +156,76 @@ def test_a_failing_function_is_retried_with_the_same_offsets(
         assert state.shards[shard].inflight is None and state.shards[shard].attempt == 1
         assert state.shards[shard].committed == 0
 
-        # Re-executing the failed run (or a Dagster run retry: both copy its range tags) neither processes
-        # the range nor reports anything: the group's own retry is the attempt that may commit.
+        # Re-executing the failed run (or a Dagster run retry: both copy its config and tags) neither processes
+        # the ranges nor reports anything: the group's own retry is the attempt that may commit.
         copy = run(asset, instance, resource, spark, first, **{"dagster/parent_run_id": failed.run_id})
         assert not copy.success
-        failure = copy.failure_data_for_node(copy.job_def.nodes[0].name)
-        assert failure is not None and failure.user_failure_data is not None
-        assert f"re-executes range run {failed.run_id}" in (failure.user_failure_data.description or "")
+        assert f"re-executes member run {failed.run_id}" in refusal_of(copy)
         assert seen == []
         assert resource.member("reader").load() == state
 
-        retry = driver.requests()[shard]
-        assert retry.partition_key == first.partition_key and retry.run_key != first.run_key
+        retry = driver.request()
+        assert ranges_of_request(retry) == ranges_of_request(first) and retry.run_key != first.run_key
         assert run(asset, instance, resource, spark, retry).success
-        assert seen == [(f"{shard}:0-101", 101)]
+        assert seen == [(shard, 0, 101, 101)]
         state = resource.member("reader").load()
         assert state is not None and state.shards[shard].committed == 101
 
 
-def test_a_commit_after_the_shard_moved_is_refused_naming_the_new_owner(
+def test_metadata_dagster_rejects_fails_the_run_before_anything_is_committed(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
 ) -> None:
+    """Everything that could fail after the commit is checked before it: a committed range always gets its
+    materialization, and a range whose run failed is retried."""
     topic = kafka_topics(partitions=1)
-    produce_sample(kafka_bootstrap, topic, 1, 100)
+    produce_sample(kafka_bootstrap, topic, 1, 50)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+
+    @stream_asset(group=group, name=f"bad_{group}")
+    def bad(context: dg.AssetExecutionContext, df: Any) -> dict[str, Any]:
+        return {"not storable": object()}
+
+    shard = f"{topic}:0"
+    with dg.instance_for_test() as instance:
+        request = SensorDriver(sensors_for(bad, members=1)[0], instance, resource).request()
+        result = run(bad, instance, resource, spark, request)
+        assert not result.success
+        assert "metadata Dagster cannot store" in refusal_of(result)
+        state = resource.member("reader").load()
+        assert state is not None and state.shards[shard].committed == 0 and state.shards[shard].attempt == 1
+        assert resource.backend().committed(group, [shard]) == {shard: None}
+
+
+def test_a_commit_after_a_shard_moved_is_refused_whole_naming_the_new_owner(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 200)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path, drain_timeout_s=0.2)
     asset = counting_asset(group, [])
-    shard = f"{topic}:0"
+    shards = [f"{topic}:0", f"{topic}:1"]
     with dg.instance_for_test() as instance:
         old, new = (SensorDriver(s, instance, resource) for s in sensors_for(asset, members=2))
-        stale = old.requests()[shard]
+        stale = old.request()
+        assert [s for s, _, _ in ranges_of_request(stale)] == shards
         assert resource.member(old.sensor.name).leave()
-        time.sleep(0.3)  # the drain timeout passes: the range goes to the remaining member under a new epoch
-        moved = new.requests()[shard]
+        time.sleep(0.3)  # the drain timeout passes: the ranges go to the remaining member under new epochs
+        moved = new.request()
         assert moved.tags is not None and moved.tags[sgt.TAG_MEMBER] == new.sensor.name
+        epoch = next(iter(moved.run_config["ops"].values()))["config"]["ranges"][0]["epoch"]
 
         refused = run(asset, instance, resource, spark, stale)
         assert not refused.success
-        failure = refused.failure_data_for_node(refused.job_def.nodes[0].name)
-        assert failure is not None and failure.user_failure_data is not None
-        message = failure.user_failure_data.description or ""
-        assert f"now owned by {new.sensor.name} at epoch {moved.tags[sgt.TAG_EPOCH]}" in message
+        assert f"now owned by {new.sensor.name} at epoch {epoch}" in refusal_of(refused)
         state = resource.member("reader").load()
-        assert state is not None and state.shards[shard].committed == 0
-        assert resource.backend().committed(group, [shard]) == {shard: None}
+        assert state is not None and all(state.shards[s].committed == 0 for s in shards)
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards)
 
         assert run(asset, instance, resource, spark, moved).success
         state = resource.member("reader").load()
-        assert state is not None and state.shards[shard].committed == 101
+        assert state is not None and all(state.shards[s].committed == 101 for s in shards)
 
 
 @pytest.mark.slow
@@ -174,21 +240,28 @@ def test_a_run_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFacto
             "PySpark refuses a Connect session in a process that already runs a classic one (an earlier test's); "
             "a Dagster run is a process of its own: scripts/test.sh runs it in a pytest of its own (-m spark_connect)"
         )
-    topic = kafka_topics(partitions=1)
-    produce_sample(kafka_bootstrap, topic, 1, 400)
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 800)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str, int, int, int]] = []
     asset = counting_asset(group, seen)
     with running_connect_server() as server, dg.instance_for_test() as instance:
         remote = StreamSparkResource(remote=server.remote)
         driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
-        for expected in ((0, 300), (300, 401)):
-            request = driver.requests()[f"{topic}:0"]
-            result = run(asset, instance, resource, remote, request)
+        for expected in ((0, 150), (150, 300), (300, 401)):
+            result = run(asset, instance, resource, remote, driver.request())
             assert result.success
-            meta = metadata_of(result)
             start, end = expected
-            assert (meta["start"], meta["end"], meta["records"], meta["committed"]) == (start, end, end - start, end)
-        assert [rows for _, rows in seen] == [300, 101]
-        assert resource.backend().committed(group, [f"{topic}:0"]) == {f"{topic}:0": 401}
+            for meta in materializations(result).values():
+                assert (meta["start"], meta["end"], meta["records"], meta["committed"]) == (
+                    start,
+                    end,
+                    end - start,
+                    end,
+                )
+        assert [rows for *_, rows in seen] == [150, 150, 150, 150, 101, 101]
+        assert resource.backend().committed(group, [f"{topic}:0", f"{topic}:1"]) == {
+            f"{topic}:0": 401,
+            f"{topic}:1": 401,
+        }

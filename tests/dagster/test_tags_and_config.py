@@ -28,41 +28,66 @@ def launch(**overrides: object) -> Launch:
     return Launch.model_validate(fields)
 
 
-def test_range_key_round_trips_shards_with_colons() -> None:
-    key = sgt.range_partition_key("clicks:3", 100, 250)
-    assert key == "clicks:3:100-250"
-    assert sgt.parse_range_partition_key(key) == ("clicks:3", 100, 250)
+def test_partitions_are_shards_and_run_keys_name_ranges_attempts_and_epochs() -> None:
+    assert sgt.partitions_def_name("click-stream") == "click_stream_shards"
+    single = launch(run_key="g:clicks:3:100-250:a1:e4")
+    assert sgt.dagster_run_key([single]) == "g:clicks:3:100-250:a1:e4"
+    # a range recorded in flight before run keys carried the epoch keeps the Dagster key its run had
+    assert sgt.dagster_run_key([launch()]) == "g:clicks:3:100-250:a1:e4"
+    batch = [
+        launch(shard="clicks:3", run_key="g:g_member_0:2r:abc"),
+        launch(shard="clicks:4", run_key="g:g_member_0:2r:abc"),
+    ]
+    assert sgt.dagster_run_key(batch) == "g:g_member_0:2r:abc"
+    tags = sgt.run_tags(batch)
+    assert tags[sgt.TAG_RANGES] == "2" and tags[sgt.TAG_RECORDS] == "300" and sgt.TAG_SHARD not in tags
+    assert sgt.run_tags([single])[sgt.TAG_SHARD] == "clicks:3"
 
 
-@pytest.mark.parametrize("key", ["clicks", "clicks:3", "clicks:3:100", "clicks:3:a-b", ":1-2", "s:5-4"])
-def test_bad_range_keys_are_refused(key: str) -> None:
-    with pytest.raises(ValueError, match="partition key"):
-        sgt.parse_range_partition_key(key)
+def test_run_config_carries_the_commit_identity() -> None:
+    batch = [launch(shard="clicks:3", run_key="k"), launch(shard="clicks:4", epoch=7, run_key="k")]
+    config = sgt.run_config(batch)
+    reports = sgt.member_reports(config, "g", sgt.run_tags(batch))
+    assert reports is not None
+    assert [(r.shard, r.member_id, r.epoch, r.start, r.end, r.run_key) for r in reports] == [
+        ("clicks:3", "g_member_0", 4, 100, 250, "k"),
+        ("clicks:4", "g_member_0", 7, 100, 250, "k"),
+    ]
 
 
-def test_tags_carry_the_commit_identity() -> None:
-    item = launch()
-    tags = sgt.launch_tags(item)
-    report = sgt.report_from_tags(tags, "clicks:3", 100, 250)
-    assert report is not None
-    assert (report.member_id, report.epoch, report.run_key) == ("g_member_0", 4, item.run_key)
-    assert sgt.dagster_run_key(item) == "g:clicks:3:100-250:a1:e4"
-    assert sgt.dagster_run_key(launch(epoch=5)) != sgt.dagster_run_key(item)
+def test_backfills_commit_nothing() -> None:
+    ranges = [sgt.RangeSpec(shard="clicks:3", start=0, end=10)]
+    assert sgt.member_reports(sgt.StreamRunConfig(ranges=ranges), "g", {}) is None
+    config = sgt.run_config([launch(run_key="k")])
+    assert sgt.member_reports(config, "g", {**sgt.run_tags([launch()]), sgt.TAG_BACKFILL: "true"}) is None
+    assert sgt.ranges_from_backfill_tags(["clicks:3"], sgt.backfill_tags("g", "clicks:3", 5, 9)) == [
+        sgt.RangeSpec(shard="clicks:3", start=5, end=9)
+    ]
 
 
-def test_backfill_and_untagged_runs_commit_nothing() -> None:
-    assert sgt.report_from_tags({}, "s:0", 0, 10) is None
-    tags = {**sgt.launch_tags(launch()), sgt.TAG_BACKFILL: "true"}
-    assert sgt.report_from_tags(tags, "clicks:3", 100, 250) is None
+@pytest.mark.parametrize(
+    ("tags", "words"),
+    [
+        ({}, "needs the offset range"),
+        ({sgt.TAG_START: "a", sgt.TAG_END: "9"}, "must be integers"),
+        ({sgt.TAG_START: "9", sgt.TAG_END: "5"}, "0 <= start <= end"),
+    ],
+)
+def test_a_backfill_of_shard_partitions_without_a_valid_range_is_refused(tags: dict[str, str], words: str) -> None:
+    with pytest.raises(sgt.RangeTagsError, match=words):
+        sgt.ranges_from_backfill_tags(["clicks:3"], tags)
 
 
-def test_partial_or_mismatched_tags_refuse_to_commit() -> None:
-    tags = sgt.launch_tags(launch())
-    partial = {k: v for k, v in tags.items() if k != sgt.TAG_EPOCH}
-    with pytest.raises(sgt.RangeTagsError, match="epoch"):
-        sgt.report_from_tags(partial, "clicks:3", 100, 250)
-    with pytest.raises(sgt.RangeTagsError, match="partition is clicks:3 \\[100, 300\\)"):
-        sgt.report_from_tags(tags, "clicks:3", 100, 300)
+def test_mismatched_or_partial_identities_refuse_to_commit() -> None:
+    config = sgt.run_config([launch(run_key="k")])
+    with pytest.raises(sgt.RangeTagsError, match="run tags name member"):
+        sgt.member_reports(config, "g", {sgt.TAG_MEMBER: "someone_else"})
+    with pytest.raises(sgt.RangeTagsError, match="run tags name group"):
+        sgt.member_reports(config, "g", {sgt.TAG_GROUP: "other"})
+    with pytest.raises(sgt.RangeTagsError, match="no run_key"):
+        sgt.member_reports(config.model_copy(update={"run_key": None}), "g", {})
+    with pytest.raises(sgt.RangeTagsError, match="one range per shard"):
+        sgt.check_ranges([sgt.RangeSpec(shard="s", start=0, end=1), sgt.RangeSpec(shard="s", start=1, end=2)])
 
 
 def kafka_group(**overrides: object) -> KafkaStreamGroup:

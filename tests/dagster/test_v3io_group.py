@@ -44,13 +44,15 @@ def test_members_claim_launch_and_commit_with_state_next_to_the_stream(
         heartbeat_interval_s=1,
         session_timeout_s=5,
         join_grace_s=0,
+        min_backlog=1,
     )
     member = resource.member("m0")
     report = member.tick()
     assert sorted(report.owned) == ["0", "1"]
     assert sorted((x.shard, x.start, x.end) for x in report.new_launches) == [("0", 1, 6), ("1", 1, 6)]
+    assert len({x.run_key for x in report.new_launches}) == 1, "one run over both shards"
     launch = report.new_launches[0]
-    outcome = member.commit(report_of(launch))
+    outcome = member.commit_run([report_of(x) for x in report.new_launches])
     assert outcome.accepted
     item = v3io_client.kv.get(
         container="bigdata",
@@ -63,4 +65,4 @@ def test_members_claim_launch_and_commit_with_state_next_to_the_stream(
         endpoint=v3io_server.endpoint, access_key=v3io_server.access_key.get_secret_value()
     ).kv.get(container="bigdata", table_path=stream, key="readers-state.json", attribute_names=["state_kind"])
     assert state_item.output.item["state_kind"] == "dagster-streamgroup/group-state"
-    assert resource.backend().committed("readers", ["0", "1"]) == {"0": 6, "1": None}
+    assert resource.backend().committed("readers", ["0", "1"]) == {"0": 6, "1": 6}
