@@ -145,8 +145,11 @@ def evaluate_member_tick(
     ]
     new_keys = _new_partition_keys(instance, target, report.state.shards)
     cursor = _Cursor.parse(context.cursor)
-    events, cursor = _asset_events(target, resource, report, cursor)
+    checked, cursor = _asset_events(target, resource, report, cursor)
+    events: list[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckEvaluation] = [*checked]
     events += _group_event_observations(target, report, before)
+    repairs, cursor.repaired = _unrecorded_commits(instance, target, report.state, member_id, cursor.repaired)
+    events += repairs
     summary = _summary(report, notes, time.monotonic() - started)
     context.log.info(summary)
     return dg.SensorResult(
@@ -274,6 +277,8 @@ class _Cursor:
     lag_reported_at: float = 0.0
     parked: tuple[str, ...] | None = None
     dead_letters: int = 0
+    repaired: tuple[str, ...] = ()
+    """Run keys whose missing materializations this member recorded (only keys still last in some shard)."""
 
     @classmethod
     def parse(cls, text: str | None) -> _Cursor:
@@ -286,6 +291,7 @@ class _Cursor:
                 lag_reported_at=float(raw.get("lag_reported_at", 0.0)),
                 parked=tuple(parked) if parked is not None else None,
                 dead_letters=int(raw.get("dead_letters", 0)),
+                repaired=tuple(str(k) for k in raw.get("repaired", ())),
             )
         except (ValueError, TypeError, AttributeError):
             return cls()
@@ -296,6 +302,7 @@ class _Cursor:
                 "lag_reported_at": self.lag_reported_at,
                 "parked": list(self.parked) if self.parked is not None else None,
                 "dead_letters": self.dead_letters,
+                "repaired": list(self.repaired),
             }
         )
 
@@ -338,6 +345,79 @@ def _asset_events(
         cursor.parked = parked
         cursor.dead_letters = dead
     return events, cursor
+
+
+def _unrecorded_commits(
+    instance: dg.DagsterInstance | None,
+    target: StreamTarget,
+    state: GroupState,
+    member_id: str,
+    repaired: tuple[str, ...],
+) -> tuple[list[dg.AssetMaterialization], tuple[str, ...]]:
+    """Materializations of ranges this member's runs committed and then died before Dagster recorded them
+    (a run process killed between its commit and its events): the range is committed, so it is never run
+    again, and only its record is missing. Recorded once, from the group state, marked ``repaired``."""
+    last = {
+        sid: s
+        for sid, s in state.shards.items()
+        if s.last_run_key is not None
+        and s.last_commit_member == member_id
+        and s.last_commit_start is not None
+        and s.committed is not None
+    }
+    keys = {s.last_run_key for s in last.values() if s.last_run_key is not None}
+    still = tuple(k for k in repaired if k in keys)
+    pending = keys - set(still)
+    if instance is None or not pending:
+        return [], still
+    dagster_keys = {k for k in pending} | {
+        f"{k}:e{s.last_commit_epoch}" for s in last.values() if (k := s.last_run_key) in pending
+    }
+    records = instance.get_run_records(
+        dg.RunsFilter(
+            tags={"dagster/run_key": sorted(dagster_keys), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED_UNREPORTED)
+        )
+    )
+    repairs: list[dg.AssetMaterialization] = []
+    done: list[str] = []
+    for record in records:
+        run = record.dagster_run
+        dagster_key = run.tags.get("dagster/run_key", "")
+        recorded = {
+            entry.event_log_entry.dagster_event.partition
+            for entry in instance.get_records_for_run(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+            ).records
+            if entry.event_log_entry.dagster_event is not None
+        }
+        for sid, shard in last.items():
+            key = shard.last_run_key
+            assert key is not None and shard.last_commit_start is not None and shard.committed is not None
+            if dagster_key not in (key, f"{key}:e{shard.last_commit_epoch}") or sid in recorded:
+                continue
+            repairs.append(
+                dg.AssetMaterialization(
+                    asset_key=target.asset.key,
+                    partition=sid,
+                    metadata={
+                        "group": dg.MetadataValue.text(state.group),
+                        "shard": dg.MetadataValue.text(sid),
+                        "start": dg.MetadataValue.int(shard.last_commit_start),
+                        "end": dg.MetadataValue.int(shard.committed),
+                        "epoch": dg.MetadataValue.int(shard.last_commit_epoch or 0),
+                        "member": dg.MetadataValue.text(member_id),
+                        "committed": dg.MetadataValue.int(shard.committed),
+                        "run_key": dg.MetadataValue.text(key),
+                        "repaired": dg.MetadataValue.bool(True),
+                        "run_id": dg.MetadataValue.text(run.run_id),
+                    },
+                    description=f"committed by run {run.run_id}, which ended {run.status.value} before recording "
+                    "this materialization",
+                )
+            )
+            if key not in done:
+                done.append(key)
+    return repairs, still + tuple(done)
 
 
 OBSERVED_EVENTS = frozenset(

@@ -137,6 +137,7 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
         last_run_key=report.run_key,
         last_commit_member=report.member_id,
         last_commit_epoch=report.epoch,
+        last_commit_start=report.start,
     )
     done = _leave_if_departed(state, done)
     new_state = state.model_copy(update={"shards": {**state.shards, report.shard: done}})

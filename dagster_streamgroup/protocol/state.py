@@ -108,8 +108,11 @@ class ShardState:
     """Run key of the last accepted commit, so a replayed commit is recognised instead of refused."""
     last_commit_member: str | None = None
     last_commit_epoch: int | None = None
+    last_commit_start: int | None = None
     """Member and epoch of the run that made the last accepted commit: only that run may be told
-    ``already_committed``. A zombie relaunched under the same run key (a drain that expired) must be refused."""
+    ``already_committed``. A zombie relaunched under the same run key (a drain that expired) must be refused.
+    With ``last_commit_start`` (the range is ``[last_commit_start, committed)``), a member can also record the
+    materialization of a range whose run committed and then died before Dagster recorded it."""
     retry_end: int | None = None
     """End of the failed range that starts at ``committed``: its retries read exactly the same offsets. The
     failed attempt may have had side effects over them, and a retry grown with the backlog would spread an

@@ -8,6 +8,7 @@ import dagster as dg
 import pytest
 from dagster._core.test_utils import create_run_for_test
 
+from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
@@ -238,3 +239,40 @@ def test_a_peer_stopped_in_dagster_leaves_at_the_next_tick(
         state = resource.member("reader").load()
         assert state is not None and set(state.members) == {sensors[0].name}
         assert all(s.owner == sensors[0].name for s in state.shards.values())
+
+
+def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_recorded_by_the_member(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """The run committed its ranges, then its process was killed before Dagster recorded the materializations
+    (simulated here: the commit is made through the member as the run makes it, and the run's record says
+    FAILURE with no materialization, as a SIGKILL leaves it). The range must not run again (it is committed),
+    and its materialization must not be missing: the member records it, once, marked ``repaired``."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 100)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    asset = counting_asset(group, [])
+    sensor = sensors_for(asset, members=1)[0]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensor, instance, resource)
+        request = driver.request()
+        assert request.tags is not None
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), [f"{topic}:0", f"{topic}:1"])
+        launches = resource.member(sensor.name).tick().inflight
+        assert resource.member(sensor.name).commit_run([protocol.report_of(x) for x in launches]).accepted
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.FAILURE,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        )
+        result = driver.tick()
+        repaired = [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
+        assert sorted((e.partition, e.metadata["start"].value, e.metadata["end"].value) for e in repaired) == [
+            (f"{topic}:0", 0, 51),
+            (f"{topic}:1", 0, 51),
+        ]
+        assert all(e.metadata["repaired"].value is True for e in repaired)
+        assert not result.run_requests, "a committed range is not run again"
+        again = driver.tick()
+        assert not [e for e in again.asset_events if isinstance(e, dg.AssetMaterialization)], "recorded once"

@@ -41,8 +41,12 @@ def test_older_states_read_and_are_written_back_at_the_current_version() -> None
     fields."""
     state = balanced_start(2, ("a",))
     for version, removed, added in [
-        (1, ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch"), {"pending_predecessors": []}),
-        (2, ("last_commit_member", "last_commit_epoch"), {"pending_predecessors": []}),
+        (
+            1,
+            ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch", "last_commit_start"),
+            {"pending_predecessors": []},
+        ),
+        (2, ("last_commit_member", "last_commit_epoch", "last_commit_start"), {"pending_predecessors": []}),
     ]:
         raw = json.loads(encode_state(state))
         raw["schema_version"] = version

@@ -1,0 +1,336 @@
+"""The example project's streams and the checks the end-to-end tests make over a real ``dagster dev``."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, V3ioStreamGroup
+from dagster_streamgroup.local.kafka_data import create_topics
+from dagster_streamgroup.local.v3io.testing import V3ioServerInfo
+from dagster_streamgroup.streams.base import Watermarks
+from jobs.clickstream_events import (
+    ensure_v3io_stream,
+    produce_burst,
+    produce_v3io_burst,
+    producers,
+    v3io_client,
+)
+from tests.e2e.dagster_dev import ROOT, DagsterDev, wait_for
+from tests.fixtures.v3io import unique_v3io_name
+
+ASSET = "page_views_per_minute"
+V3IO_CONTAINER = "bigdata"
+
+
+class ExampleStream:
+    """One stream the example runs on: its settings for the example, its group resource, and a producer."""
+
+    resource: StreamGroupResource
+    env: dict[str, str]
+    """The variables jobs/settings.py reads to reach this stream (and the key, for v3io)."""
+    secret: str | None = None
+    """A credential that must never show in Dagster's logs, storage or metadata."""
+    written: int = 0
+    """Records produced so far."""
+    per_shard: Counter[str] | None = None
+    """Records produced so far per shard, where the producer chooses the shard (None: the client does)."""
+
+    def produce(self, count: int, seed: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Nothing to release unless the stream holds a client."""
+
+
+class KafkaExample(ExampleStream):
+    def __init__(
+        self, bootstrap: str, home: Path, partitions: int, heartbeat_s: float = 3.0, session_timeout_s: float = 10.0
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.partitions = partitions
+        self.topic = f"clicks-{uuid.uuid4().hex[:8]}"
+        group = f"e2e_{uuid.uuid4().hex[:8]}"
+        create_topics(bootstrap, {self.topic: partitions})
+        self.resource = KafkaStreamGroup(
+            group=group,
+            bootstrap_servers=bootstrap,
+            topics=[self.topic],
+            store_url=f"sqlite:///{home / 'streamgroup-state.db'}",
+            heartbeat_interval_s=heartbeat_s,
+            session_timeout_s=session_timeout_s,
+        )
+        self.env = {"CLICKSTREAM_STREAM": "kafka", "CLICKSTREAM_BOOTSTRAP": bootstrap, "CLICKSTREAM_TOPIC": self.topic}
+
+    def produce(self, count: int, seed: int) -> None:
+        bulk, trailer = producers({"bootstrap.servers": self.bootstrap})
+        produce_burst(bulk, trailer, self.topic, self.partitions, count, random.Random(seed))
+        self.written += count + self.partitions  # the burst ends with one single-record batch per partition
+
+
+class V3ioExample(ExampleStream):
+    def __init__(
+        self, server: V3ioServerInfo, partitions: int, heartbeat_s: float = 3.0, session_timeout_s: float = 10.0
+    ) -> None:
+        self.key = server.access_key.get_secret_value()
+        self.path = unique_v3io_name("clicks")
+        self.client = v3io_client(server.endpoint, self.key)
+        self.shards = ensure_v3io_stream(self.client, V3IO_CONTAINER, self.path, partitions)
+        assert self.shards == partitions
+        group = f"e2e_{uuid.uuid4().hex[:8]}"
+        self.resource = V3ioStreamGroup(
+            group=group,
+            endpoint=server.endpoint,
+            container=V3IO_CONTAINER,
+            stream_path=self.path,
+            access_key=self.key,
+            store_url="v3io",
+            heartbeat_interval_s=heartbeat_s,
+            session_timeout_s=session_timeout_s,
+        )
+        self.env = {
+            "CLICKSTREAM_STREAM": "v3io",
+            "CLICKSTREAM_V3IO_API": server.endpoint,
+            "CLICKSTREAM_V3IO_CONTAINER": V3IO_CONTAINER,
+            "CLICKSTREAM_V3IO_STREAM_PATH": self.path,
+            "CLICKSTREAM_PARTITIONS": str(partitions),
+            "V3IO_ACCESS_KEY": self.key,
+        }
+        self.secret = self.key
+        self.per_shard = Counter()
+
+    def produce(self, count: int, seed: int) -> None:
+        written = produce_v3io_burst(self.client, V3IO_CONTAINER, self.path, self.shards, count, random.Random(seed))
+        assert self.per_shard is not None
+        self.per_shard.update(written)
+        self.written += sum(written.values())
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def committed_at_high(resource: StreamGroupResource) -> dict[str, Watermarks] | None:
+    """The watermarks once the offsets mirrored into the stream equal every shard's high watermark."""
+    backend = resource.backend()
+    shards = backend.shards()
+    marks = backend.watermarks(shards)
+    committed = backend.committed(resource.group, shards)
+    return marks if committed == {s: m.high for s, m in marks.items()} else None
+
+
+def assert_all_produced(stream: ExampleStream, marks: dict[str, Watermarks]) -> None:
+    assert sum(m.high - m.low for m in marks.values()) == stream.written
+    if stream.per_shard is not None:
+        assert {s: m.high - m.low for s, m in marks.items()} == dict(stream.per_shard)
+
+
+def assert_one_partition_per_shard(materializations: list[dict[str, Any]], marks: dict[str, Watermarks]) -> None:
+    """Partition keys stay as few as the shards, however many ranges were committed."""
+    assert {m["partition"] for m in materializations} <= set(marks)
+
+
+def assert_exactly_once(materializations: list[dict[str, Any]], marks: dict[str, Watermarks]) -> None:
+    """Committed materializations tile [low, high) of every shard: no gap, no overlap, no repeat."""
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for m in materializations:
+        if m.get("backfill"):
+            continue
+        spans[m["shard"]].append((m["start"], m["end"]))
+        assert m["committed"] == m["end"]
+    assert sorted(spans) == sorted(marks)
+    for shard, ranges in spans.items():
+        ranges.sort()
+        position = marks[shard].low
+        for start, end in ranges:
+            assert start == position, f"{shard}: range [{start}, {end}) after offset {position}"
+            position = end
+        assert position == marks[shard].high, f"{shard}: covered up to {position}, high watermark {marks[shard].high}"
+
+
+IN_PROGRESS = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+
+
+def ended_runs(dev: DagsterDev, timeout_s: float = 180.0) -> list[dict[str, Any]]:
+    """Every run, once none is in progress. The offsets reach the high watermarks inside the last run, at
+    its commit, a few seconds before that run ends (its events, Spark's stop)."""
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs = dev.runs()
+        return None if any(r["status"] in IN_PROGRESS for r in runs) else runs
+
+    return wait_for("every run to end", ended, timeout_s, 2.0)
+
+
+def assert_runs_succeeded(dev: DagsterDev, allowed_failures: Collection[str] = frozenset()) -> list[dict[str, Any]]:
+    runs = ended_runs(dev)
+    bad = [(r["runId"], r["status"]) for r in runs if r["status"] != "SUCCESS" and r["runId"] not in allowed_failures]
+    assert not bad, bad
+    return runs
+
+
+def assert_secret_absent(secret: str | None, places: list[Path], runs: list[dict[str, Any]]) -> None:
+    """The key was only ever in the environment: not in run tags, nor in any file Dagster or Spark wrote."""
+    if secret is None:
+        return
+    assert not [r["runId"] for r in runs if secret in repr(r["tags"])], "a run tag holds the access key"
+    needle = secret.encode()
+    leaked = [
+        str(path)
+        for place in places
+        for path in ([place] if place.is_file() else sorted(place.rglob("*")))
+        if path.is_file() and needle in path.read_bytes()
+    ]
+    assert not leaked, f"the access key is written in {leaked}"
+
+
+def backfill_ids(output: str) -> list[str]:
+    """The backfill ids `streamgroup backfill` printed (one per range, each with its UI address)."""
+    return re.findall(r"/runs/b/([A-Za-z0-9_-]+)", output)
+
+
+def run_example_scenario(
+    stream: ExampleStream,
+    work_dir: Path,
+    *,
+    members: int,
+    messages: int,
+    heartbeat_s: float,
+    session_timeout_s: float,
+    drain_timeout_s: float,
+    backfill: bool,
+    extra_env: dict[str, str] | None = None,
+) -> None:
+    """The example under a real ``dagster dev``: a backlog drains exactly once; a member sensor stopped over
+    GraphQL leaves and its shards are re-owned; optionally a CLI backfill re-processes a range without moving
+    offsets; the daemon is killed mid-stream and restarted; nothing is lost and nothing committed twice, as
+    Dagster's own materializations (over GraphQL) and the offsets mirrored into the stream show."""
+    resource = stream.resource
+    group = resource.group
+    stream.produce(messages, seed=1)
+    home = work_dir / "home"
+    env = {
+        **stream.env,
+        "CLICKSTREAM_GROUP": group,
+        "CLICKSTREAM_MEMBERS": str(members),
+        "CLICKSTREAM_HEARTBEAT_S": str(heartbeat_s),
+        "CLICKSTREAM_SESSION_TIMEOUT_S": str(session_timeout_s),
+        "CLICKSTREAM_OUTPUT": str(work_dir / "output"),
+        "CLICKSTREAM_SPARK_MASTER": "local[1]",
+        **(extra_env or {}),
+    }
+    log = work_dir / "dagster-dev.log"
+    dev = DagsterDev(home, env, log)
+    started = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    try:
+        dev.start()
+
+        # 1. The backlog drains: exactly once, contiguous, the stream's offsets at the high watermarks.
+        marks = wait_for("the backlog to drain", lambda: committed_at_high(resource), drain_timeout_s, 2.0)
+        print(f"backlog of {stream.written} records drained after {time.monotonic() - started:.0f} s", flush=True)
+        assert_all_produced(stream, marks)
+        runs = assert_runs_succeeded(dev)
+        assert {r["tags"].get("streamgroup/member") for r in runs} <= {f"{group}_member_{i}" for i in range(members)}
+        materialized = dev.materializations(ASSET)
+        assert_exactly_once(materialized, marks)
+        assert_one_partition_per_shard(materialized, marks)
+        print(f"{len(runs)} runs for the backlog", flush=True)
+
+        # 2. A member sensor is stopped: it leaves, its shards are re-owned, progress resumes.
+        stopped = f"{group}_member_0"
+        dev.stop_sensor(stopped)
+        stopped_at = time.monotonic()
+
+        def reowned() -> float | None:
+            state = resource.member("e2e").load()
+            assert state is not None
+            if stopped in state.members or any(s.owner == stopped for s in state.shards.values()):
+                return None
+            return time.monotonic() - stopped_at
+
+        reowned_after = wait_for("the stopped member's shards to be re-owned", reowned, 120.0, 1.0)
+        print(f"shards of the stopped member re-owned after {reowned_after:.1f} s", flush=True)
+        state = resource.member("e2e").load()
+        assert state is not None and set(state.members) == {f"{group}_member_{i}" for i in range(1, members)}
+        stream.produce(max(1_000, messages // 25), seed=2)
+        marks = wait_for("progress after the stop", lambda: committed_at_high(resource), drain_timeout_s, 2.0)
+        assert_all_produced(stream, marks)
+
+        if backfill:
+            # 3. A backfill from the CLI: listed as Dagster backfills, re-processes, moves no offset.
+            shard = sorted(marks)[0]
+            first = marks[shard].low
+            command = [str(ROOT / ".venv/bin/streamgroup"), "backfill", "--group", group, "--shard", shard]
+            cli = subprocess.run(
+                [*command, "--from", str(first), "--to", str(first + 1000), "--chunk", "500", "--dagster-url", dev.url],
+                cwd=ROOT,
+                env=dev.env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert cli.returncode == 0, cli.stderr + cli.stdout
+            ids = set(backfill_ids(cli.stdout))
+            assert len(ids) == 2, cli.stdout
+
+            def backfill_done() -> list[dict[str, Any]] | None:
+                found = [r for r in dev.runs() if r["tags"].get("dagster/backfill") in ids]
+                done = len(found) == 2 and all(r["status"] in {"SUCCESS", "FAILURE", "CANCELED"} for r in found)
+                return found if done else None
+
+            backfill_runs = wait_for("the CLI backfill", backfill_done, drain_timeout_s, 2.0)
+            assert {r["status"] for r in backfill_runs} == {"SUCCESS"}
+            assert {r["tags"]["streamgroup/shard"] for r in backfill_runs} == {shard}
+            backfilled = [m for m in dev.materializations(ASSET) if m.get("backfill")]
+            assert {m["partition"] for m in backfilled} == {shard}
+            assert sorted((m["start"], m["end"]) for m in backfilled) == [
+                (first, first + 500),
+                (first + 500, first + 1000),
+            ]
+            assert {m["records"] for m in backfilled} == {500}
+            assert committed_at_high(resource) == marks  # offsets did not move
+
+        # 4. The daemon is killed mid-stream and started again.
+        stop_producing = threading.Event()
+
+        def keep_producing() -> None:
+            seed = 3
+            while not stop_producing.is_set():
+                stream.produce(max(500, messages // 100), seed=seed)
+                seed += 1
+                stop_producing.wait(1.0)
+
+        producer = threading.Thread(target=keep_producing, daemon=True)
+        producer.start()
+        try:
+            wait_for("a run in progress", lambda: any(r["status"] in {"STARTED", "QUEUED"} for r in dev.runs()), 300.0)
+            before_kill = {r["runId"]: r["status"] for r in dev.runs()}
+            dev.kill_daemon_and_wait()
+            dev.start()
+            time.sleep(3 * heartbeat_s)
+        finally:
+            stop_producing.set()
+            producer.join(60)
+        assert not producer.is_alive()
+        marks = wait_for("progress after the restart", lambda: committed_at_high(resource), drain_timeout_s, 2.0)
+        assert_all_produced(stream, marks)
+        runs = ended_runs(dev)
+        failed = {r["runId"]: r["status"] for r in runs if r["status"] != "SUCCESS"}
+        print(f"runs: {len(runs)} ({len(before_kill)} before the kill); not successful: {failed}")
+        print(f"{stream.written} records in {time.monotonic() - started:.0f} s", flush=True)
+        assert not failed
+        materialized = dev.materializations(ASSET)
+        assert_exactly_once(materialized, marks)
+        assert_one_partition_per_shard(materialized, marks)
+    finally:
+        dev.stop()
+    assert_secret_absent(stream.secret, [home, log], runs)

@@ -1,0 +1,39 @@
+"""A smoke test of the example under a real ``dagster dev`` (daemon and webserver), in the default suite.
+
+2 member sensors over a 4-partition Kafka topic, about 20,000 clickstream events, one member stopped, one
+daemon restart: every offset committed exactly once, as Dagster's materializations show over GraphQL. The
+long setting of the same scenario (both streams, a CLI backfill, 200,000 events) is ``test_dagster_dev.py``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.scenario import KafkaExample, run_example_scenario
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="streamgroup-smoke-") as tmp:
+        yield Path(tmp)
+
+
+def test_smoke_under_dagster_dev(kafka_bootstrap: str, work_dir: Path) -> None:
+    stream = KafkaExample(kafka_bootstrap, work_dir / "home", partitions=4, heartbeat_s=2.0, session_timeout_s=8.0)
+    run_example_scenario(
+        stream,
+        work_dir,
+        members=2,
+        messages=20_000,
+        heartbeat_s=2.0,
+        session_timeout_s=8.0,
+        drain_timeout_s=240.0,
+        backfill=False,
+        extra_env={"CLICKSTREAM_MAX_WAIT_S": "2"},
+    )
