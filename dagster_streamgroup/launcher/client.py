@@ -1,0 +1,177 @@
+"""The launcher's side of one fork server process: start it, ask it to fork, notice when it is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from dagster_streamgroup.launcher.child import RESTORE_ENV
+from dagster_streamgroup.launcher.fingerprint import Fingerprint
+from dagster_streamgroup.launcher.protocol import (
+    Channel,
+    ChannelClosedError,
+    Exited,
+    Fork,
+    Forked,
+    Message,
+    Preload,
+    PreloadFailed,
+    Ready,
+    Refused,
+    Release,
+    Released,
+)
+
+ARROW_MALLOC_CONF = "JE_ARROW_MALLOC_CONF"
+"""PyArrow's bundled jemalloc starts a background thread at import unless told not to; the server must have
+none when it forks. Children get the variable back as it was (it only matters at jemalloc's start)."""
+REPLY_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 10.0
+
+
+class ForkServerUnavailableError(Exception):
+    """The fork server cannot start this run; the message says why (it goes into the run's event log)."""
+
+    def __init__(self, message: str, fingerprint: Fingerprint | None = None) -> None:
+        super().__init__(message)
+        self.fingerprint = fingerprint or Fingerprint()
+        """The files a failed preload had loaded: a change to one of them is worth another try."""
+
+
+def server_environment(executable: str, base: Mapping[str, str]) -> dict[str, str]:
+    """The code server's environment for ``executable`` (its venv's bin first on PATH, as Dagster does),
+    plus what the fork server alone needs."""
+    env = dict(base)
+    if executable != sys.executable and os.path.exists(os.path.join(os.path.dirname(executable), "activate")):
+        env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(executable), env.get("PATH")) if p)
+    original = env.get(ARROW_MALLOC_CONF)
+    env[ARROW_MALLOC_CONF] = f"{original},background_thread:false" if original else "background_thread:false"
+    env[RESTORE_ENV] = json.dumps({ARROW_MALLOC_CONF: original})
+    return env
+
+
+class ForkServerHandle:
+    """One running fork server. Requests are serialized: a fork is a few milliseconds."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], channel: Channel, ready: Ready, generation: str | None) -> None:
+        self.proc = proc
+        self.channel = channel
+        self.ready = ready
+        self.generation = generation
+        self.exits: dict[int, int] = {}
+        """Exit statuses of children this server has waited for, by PID."""
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    def start(cls, preload: Preload, executable: str, generation: str | None, timeout_s: float) -> ForkServerHandle:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                [executable, "-m", "dagster_streamgroup.launcher.forkserver", "--fd", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=server_environment(executable, os.environ),
+            )
+        except OSError as exc:
+            ours.close()
+            raise ForkServerUnavailableError(f"the fork server could not be started with {executable}: {exc}") from exc
+        finally:
+            theirs.close()
+        channel = Channel(ours)
+        try:
+            channel.send(preload)
+            reply = channel.recv(timeout_s)
+        except ChannelClosedError:
+            reply = None
+        if isinstance(reply, Ready):
+            return cls(proc, channel, reply, generation)
+        timed_out = reply is None and proc.poll() is None
+        channel.close()
+        if timed_out:
+            proc.kill()
+        _stop(proc)
+        if isinstance(reply, PreloadFailed):
+            raise ForkServerUnavailableError(
+                f"the fork server's preload failed: {reply.error.strip()}", reply.fingerprint
+            )
+        if timed_out:
+            raise ForkServerUnavailableError(f"the fork server's preload took longer than {timeout_s:g} s")
+        raise ForkServerUnavailableError(
+            f"the fork server exited with {proc.returncode} before it was ready (its stderr is the launcher's)"
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, fork: Fork, before_start: Callable[[Forked], None]) -> Forked:
+        """Fork a child for the run, call ``before_start`` (which tags the run), then let the child start.
+        If ``before_start`` raises, the child exits without touching the run."""
+        with self._lock:
+            self.channel.send(fork)
+            forked = self._reply()
+            if isinstance(forked, Refused):
+                raise ForkServerUnavailableError(f"the fork server refused to fork: {forked.reason}")
+            if not isinstance(forked, Forked):
+                raise ForkServerUnavailableError(f"the fork server answered {forked.type} to a fork")
+            try:
+                before_start(forked)
+            except BaseException:
+                self.channel.send(Release(pid=forked.pid, start=False))
+                self._reply()
+                raise
+            self.channel.send(Release(pid=forked.pid, start=True))
+            released = self._reply()
+            if not isinstance(released, Released):
+                raise ForkServerUnavailableError(f"the fork server did not release child {forked.pid}: {released}")
+            return forked
+
+    def collect_exits(self) -> None:
+        """Take in the exit notices the server sent since the last request."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            while True:
+                message = self.channel.recv(timeout_s=0)
+                if message is None:
+                    return
+                if isinstance(message, Exited):
+                    self.exits[message.pid] = message.status
+        except ChannelClosedError:
+            return
+        finally:
+            self._lock.release()
+
+    def _reply(self) -> Message:
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while True:
+            message = self.channel.recv(max(0.0, deadline - time.monotonic()))
+            if message is None:
+                raise ForkServerUnavailableError(f"the fork server did not answer within {REPLY_TIMEOUT_S:g} s")
+            if isinstance(message, Exited):
+                self.exits[message.pid] = message.status
+                continue
+            return message
+
+    def close(self) -> None:
+        """Close the channel: the server exits; the runs it released keep running."""
+        with self._lock:
+            self.channel.close()
+        _stop(self.proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(CLOSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,121 @@
+"""The fork servers of one launcher: one per code location, replaced when its code changes or it dies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from dagster._core.origin import RepositoryPythonOrigin
+from dagster._serdes import serialize_value
+
+from dagster_streamgroup.launcher.client import ForkServerHandle, ForkServerUnavailableError
+from dagster_streamgroup.launcher.fingerprint import Fingerprint
+from dagster_streamgroup.launcher.protocol import Preload
+from dagster_streamgroup.launcher.settings import LauncherSettings
+
+
+@dataclass(frozen=True)
+class _FailedStart:
+    reason: str
+    at: float
+    generation: str | None
+    fingerprint: Fingerprint
+
+
+@dataclass(frozen=True)
+class Lease:
+    server: ForkServerHandle
+    replaced_because: str | None
+    """Why the previous server of this code location was retired for this run (None: it served, or none ran)."""
+
+
+class ServerPool:
+    def __init__(self, settings: LauncherSettings) -> None:
+        self.settings = settings
+        self._servers: dict[str, ForkServerHandle] = {}
+        self._failed: dict[str, _FailedStart] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.retired_exits: dict[int, int] = {}
+
+    def lease(
+        self,
+        origin: RepositoryPythonOrigin,
+        location_name: str | None,
+        generation: str | None,
+        instance_ref: str | None,
+        force_restart: str | None = None,
+    ) -> Lease:
+        """A ready server for ``origin``'s current code; raises ``ForkServerUnavailableError`` with the reason
+        when none can serve. ``generation`` is the code server's id: a reloaded code location has a new one."""
+        key = serialize_value(origin)
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            server = self._servers.get(key)
+            reason = force_restart
+            if server is not None and reason is None:
+                reason = _why_retire(server, generation)
+            if server is not None and reason is None:
+                return Lease(server, None)
+            if server is not None:
+                self._retire(key)
+            failed = self._failed.get(key)
+            if (
+                failed is not None
+                and failed.generation == generation
+                and time.monotonic() - failed.at < self.settings.retry_failed_preload_seconds
+                and not failed.fingerprint.changed()
+            ):
+                raise ForkServerUnavailableError(failed.reason)
+            preload = Preload(
+                repository_origin=key,
+                location_name=location_name,
+                instance_ref=instance_ref,
+                modules=self.settings.preload_modules,
+            )
+            executable = origin.executable_path
+            try:
+                server = ForkServerHandle.start(preload, executable, generation, self.settings.start_timeout_seconds)
+            except ForkServerUnavailableError as exc:
+                message = f"{reason}; a new one could not start: {exc}" if reason else str(exc)
+                self._failed[key] = _FailedStart(message, time.monotonic(), generation, exc.fingerprint)
+                raise ForkServerUnavailableError(message) from exc
+            self._failed.pop(key, None)
+            self._servers[key] = server
+            return Lease(server, reason)
+
+    def _retire(self, key: str) -> None:
+        server = self._servers.pop(key)
+        server.close()
+        self.retired_exits.update(server.exits)
+
+    def exit_status(self, pid: int) -> int | None:
+        """How a child of one of these servers ended, if one of them waited for it."""
+        for server in list(self._servers.values()):
+            server.collect_exits()
+            if pid in server.exits:
+                return server.exits[pid]
+        return self.retired_exits.get(pid)
+
+    def servers(self) -> list[ForkServerHandle]:
+        return list(self._servers.values())
+
+    def close(self) -> None:
+        with self._guard:
+            keys = list(self._servers)
+        for key in keys:
+            self._retire(key)
+
+
+def _why_retire(server: ForkServerHandle, generation: str | None) -> str | None:
+    if not server.alive():
+        return f"its fork server (pid {server.pid}) had exited with {server.proc.returncode}"
+    if server.generation != generation:
+        return "the code location was reloaded since its fork server started"
+    changed = server.ready.fingerprint.changed()
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        return f"its code changed since its fork server started ({shown})"
+    return None

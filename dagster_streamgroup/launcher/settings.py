@@ -1,0 +1,63 @@
+"""The launcher's settings (the ``config:`` block under ``run_launcher`` in dagster.yaml)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_PRELOAD_MODULES = (
+    "pandas",
+    "pyarrow",
+    "confluent_kafka",
+    "pyspark.sql.connect.session",
+    "pyspark.sql.connect.functions",
+    "pyspark.sql.datasource",
+)
+"""What a stream run imports besides dagster and the definitions: the Spark Connect client (which brings
+grpc), pandas/pyarrow (Arrow batches) and confluent-kafka. Modules that are not installed are skipped."""
+
+
+class LauncherSettingsError(ValueError):
+    """A bad ``run_launcher.config`` value; the message names the field and the reason."""
+
+
+class LauncherSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    preload_modules: tuple[str, ...] = Field(
+        default=DEFAULT_PRELOAD_MODULES,
+        description="Modules the fork server imports before it forks, besides dagster and the code location "
+        "(which it always loads). Each one imported here is a cost no run pays again.",
+    )
+    start_timeout_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="How long a fork server may take to import and load the code location before the run "
+        "is spawned the default way instead.",
+    )
+    retry_failed_preload_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="After a failed preload, runs of that code location are spawned without trying again "
+        "for this long, unless its files change first.",
+    )
+
+    @field_validator("preload_modules")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name or not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"{name!r} is not a dotted module name")
+        return value
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LauncherSettings:
+        try:
+            return cls.model_validate(dict(config))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or 'config'}: {error['msg']}" for error in exc.errors()
+            )
+            raise LauncherSettingsError(f"run_launcher.config of ForkServerRunLauncher: {problems}") from None

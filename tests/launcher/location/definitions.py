@@ -1,0 +1,64 @@
+"""A small code location for the launcher tests: a quick asset, and one that waits for a file.
+
+Its assets report facts about the process that runs them (PID, parent, seeds, sockets, the code version), so
+the tests can check what the launcher promises from inside a real run.
+"""
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import behaviour
+import dagster as dg
+import numpy
+
+WAIT_LIMIT_S = 600.0
+
+
+def _facts() -> dict[str, dg.MetadataValue]:
+    fds = []
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{entry}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            fds.append(target)
+    return {
+        "pid": dg.MetadataValue.int(os.getpid()),
+        "ppid": dg.MetadataValue.int(os.getppid()),
+        "version": dg.MetadataValue.text(behaviour.VERSION),
+        "random": dg.MetadataValue.float(random.random()),
+        "numpy_random": dg.MetadataValue.float(float(numpy.random.random())),
+        "sockets": dg.MetadataValue.text(json.dumps(sorted(fds))),
+        "modules": dg.MetadataValue.int(len(sys.modules)),
+    }
+
+
+@dg.asset
+def quick() -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata=_facts())
+
+
+@dg.asset
+def waits(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """Runs until the file named by the run's ``release`` tag exists (tests use it to hold a run open)."""
+    release = Path(context.run.tags["release"])
+    facts = _facts()
+    Path(f"{release}.started").write_text(str(os.getpid()))
+    deadline = time.monotonic() + WAIT_LIMIT_S
+    while not release.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{release} did not appear within {WAIT_LIMIT_S:g} s")
+        time.sleep(0.1)
+    return dg.MaterializeResult(metadata=facts)
+
+
+defs = dg.Definitions(
+    assets=[quick, waits],
+    jobs=[dg.define_asset_job("quick_job", [quick]), dg.define_asset_job("wait_job", [waits])],
+    executor=dg.in_process_executor,
+)

@@ -1,0 +1,194 @@
+"""ForkServerRunLauncher against a real instance (SQLite, temporary DAGSTER_HOME) and a real code location
+served by a real code server; runs are launched through the GraphQL mutation the UI uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dagster_streamgroup.launcher import process
+from dagster_streamgroup.local import procfs
+from tests.launcher.helpers import (
+    Deployment,
+    copy_location,
+    event_shape,
+    fork_servers_of,
+    in_other_process,
+    instance_yaml,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SUCCESS = {dg.DagsterRunStatus.SUCCESS}
+FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+@pytest.fixture
+def location(tmp_path: Path) -> Path:
+    return copy_location(tmp_path / "location")
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, location: Path) -> Iterator[Deployment]:
+    deployment = Deployment(tmp_path / "home", location, instance_yaml())
+    yield deployment
+    deployment.close()
+
+
+def _engine_messages(deployment: Deployment, run_id: str) -> list[str]:
+    return [m for m in deployment.messages(run_id) if "fork server" in m or "spawned" in m]
+
+
+def test_a_run_succeeds_with_the_events_of_the_default_launcher(
+    deployment: Deployment, tmp_path: Path, location: Path
+) -> None:
+    tags = {"team": "streams", "attempt": "1"}
+    forked = deployment.launch("quick_job", tags)
+    run = deployment.wait(forked, FINISHED)
+    assert run.status == dg.DagsterRunStatus.SUCCESS
+    assert run.run_id == forked and run.job_name == "quick_job"
+    assert {k: run.tags[k] for k in tags} == tags
+    assert run.tags["dagster/code_location"] == "launcher_tests"
+    worker = deployment.worker(forked)
+    facts = deployment.materialization(forked)
+    assert worker.via == "fork" and worker.pid == facts["pid"] and worker.server_pid == facts["ppid"]
+    assert worker.host == process.hostname() and worker.boot_id == process.boot_id()
+
+    default = Deployment(tmp_path / "default-home", location, instance_yaml(launcher=None))
+    try:
+        spawned = default.launch("quick_job", tags)
+        assert default.wait(spawned, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+        assert event_shape(deployment, forked) == event_shape(default, spawned)
+        assert default.run(spawned).tags.keys() - {".dagster/grpc_info"} == run.tags.keys() - {"streamgroup/run_worker"}
+    finally:
+        default.close()
+
+
+def test_children_are_fork_safe_and_the_server_single_threaded(deployment: Deployment) -> None:
+    first, second = deployment.launch("quick_job"), deployment.launch("quick_job")
+    deployment.wait(first, SUCCESS)
+    deployment.wait(second, SUCCESS)
+    a, b = deployment.materialization(first), deployment.materialization(second)
+    assert a["ppid"] == b["ppid"], "both runs are children of the same fork server"
+    assert a["numpy_random"] != b["numpy_random"] and a["random"] != b["random"]
+    server = a["ppid"]
+    assert len(os.listdir(f"/proc/{server}/task")) == 1
+    server_sockets = process.socket_inodes(server)
+    assert server_sockets, "the fork server holds its channel to the launcher"
+    assert not set(json.loads(a["sockets"])) & server_sockets
+    assert not set(json.loads(b["sockets"])) & server_sockets
+
+
+def test_terminate_from_another_process_cancels_the_run(deployment: Deployment, tmp_path: Path) -> None:
+    release = tmp_path / "release-terminate"
+    run_id = deployment.launch("wait_job", {"release": str(release)})
+    wait_until("the run's step to start", Path(f"{release}.started").exists, 60)
+    worker = deployment.worker(run_id)
+    out = in_other_process(deployment.home, "print(instance.run_launcher.terminate(sys.argv[1]))", run_id)
+    assert out == "True"
+    run = deployment.wait(run_id, FINISHED)
+    assert run.status == dg.DagsterRunStatus.CANCELED
+    wait_until("the worker to exit", lambda: process.state(worker.pid, worker.start_ticks).name == "EXITED", 30)
+    assert in_other_process(deployment.home, "print(instance.run_launcher.terminate(sys.argv[1]))", run_id) == "False"
+
+
+def test_a_dead_worker_is_reported_by_any_process(deployment: Deployment, tmp_path: Path) -> None:
+    release = tmp_path / "release-kill"
+    run_id = deployment.launch("wait_job", {"release": str(release)})
+    wait_until("the run's step to start", Path(f"{release}.started").exists, 60)
+    worker = deployment.worker(run_id)
+    check = "print(instance.run_launcher.check_run_worker_health(instance.get_run_by_id(sys.argv[1])))"
+    assert in_other_process(deployment.home, check, run_id).startswith("RUNNING")
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_until("the worker to be gone", lambda: process.state(worker.pid, worker.start_ticks).name == "EXITED", 30)
+    elsewhere = in_other_process(deployment.home, check, run_id)
+    assert elsewhere.startswith("FAILED") and f"{worker.pid} (forked) is not running" in elsewhere
+    here = wait_until(
+        "the launcher to learn how its child ended",
+        lambda: (
+            (r := deployment.instance.run_launcher.check_run_worker_health(deployment.run(run_id))).msg
+            and "SIGKILL" in r.msg
+            and r
+        ),
+        10,
+    )
+    assert here.status == dg._core.launcher.WorkerStatus.FAILED
+
+
+def test_changed_code_runs_in_a_new_fork_server(deployment: Deployment, location: Path) -> None:
+    first = deployment.launch("quick_job")
+    deployment.wait(first, SUCCESS)
+    assert deployment.materialization(first)["version"] == "first"
+    assert _engine_messages(deployment, first) == []
+    old_server = deployment.worker(first).server_pid
+    assert old_server is not None
+
+    (location / "behaviour.py").write_text('VERSION = "second"\n')
+    second = deployment.launch("quick_job")
+    deployment.wait(second, SUCCESS)
+    assert deployment.materialization(second)["version"] == "second"
+    (reason,) = _engine_messages(deployment, second)
+    assert "its code changed since its fork server started" in reason and "behaviour.py" in reason
+    assert deployment.worker(second).server_pid != old_server
+    wait_until("the old fork server to exit", lambda: not procfs.alive([old_server]), 30)
+
+
+def test_two_runs_at_once(deployment: Deployment, tmp_path: Path) -> None:
+    releases = [tmp_path / "release-a", tmp_path / "release-b"]
+    run_ids: list[str] = []
+
+    def launch(release: Path) -> None:
+        run_ids.append(deployment.launch("wait_job", {"release": str(release)}))
+
+    threads = [threading.Thread(target=launch, args=(r,)) for r in releases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for release in releases:  # both steps run at the same time: each waits for its own file
+        wait_until("both runs' steps to start", Path(f"{release}.started").exists, 60)
+    pids = {deployment.worker(run_id).pid for run_id in run_ids}
+    assert len(pids) == 2
+    for release in releases:
+        release.touch()
+    for run_id in run_ids:
+        assert deployment.wait(run_id, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+
+
+def test_a_dead_fork_server_is_replaced_and_the_reason_logged(deployment: Deployment) -> None:
+    first = deployment.launch("quick_job")
+    deployment.wait(first, SUCCESS)
+    server = deployment.worker(first).server_pid
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    wait_until("the fork server to be gone", lambda: not procfs.alive([server]), 30)
+    second = deployment.launch("quick_job")
+    assert deployment.wait(second, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    (reason,) = _engine_messages(deployment, second)
+    assert f"its fork server (pid {server}) had exited with -9" in reason
+    assert deployment.worker(second).via == "fork"
+
+
+def test_a_server_that_cannot_fork_safely_falls_back_to_spawning(tmp_path: Path, location: Path) -> None:
+    config = {"preload_modules": ["tests.launcher.threaded_import"]}
+    deployment = Deployment(tmp_path / "home", location, instance_yaml(launcher_config=config))
+    try:
+        for attempt in range(2):
+            run_id = deployment.launch("quick_job")
+            assert deployment.wait(run_id, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+            worker = deployment.worker(run_id)
+            assert worker.via == "spawn" and worker.server_pid is None
+            (reason,) = _engine_messages(deployment, run_id)
+            assert f"Run worker spawned as a new process (pid {worker.pid})" in reason
+            assert "not single-threaded after its preload (2 threads" in reason, attempt
+            assert fork_servers_of(os.getpid()) == []
+    finally:
+        deployment.close()
