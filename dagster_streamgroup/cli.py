@@ -93,6 +93,27 @@ def local_spark_connect(port: int, master: str, driver_memory: str, rss_limit_mb
     serve(port, settings)
 
 
+@local.command("spark-cluster")
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--cores", type=int, default=1, show_default=True, help="Cores each worker offers.")
+@click.option("--memory", default="1g", show_default=True, help="Memory each worker offers its executors.")
+def local_spark_cluster(workers: int, cores: int, memory: str) -> None:
+    """Run a Spark standalone master and workers (127.0.0.1, from pyspark's jars) until Ctrl-C; point
+    StreamSparkResource(master=...) or `local spark-connect --master` at the URL it prints."""
+    from pydantic import ValidationError
+
+    from dagster_streamgroup.local.spark_cluster import SparkClusterSettings, SparkClusterStartError, serve
+
+    try:
+        settings = SparkClusterSettings(workers=workers, cores_per_worker=cores, worker_memory=memory)
+    except ValidationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        serve(settings)
+    except SparkClusterStartError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 _definitions_option = click.option(
     "--definitions",
     "definitions_path",

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -392,14 +393,16 @@ def serve(settings: SparkClusterSettings | None = None) -> None:
     stopping = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     try:
-        print(f"starting a Spark master and {settings.workers} workers on {HOST}", flush=True)
+        print(f"starting a Spark master and {settings.workers} worker(s) on {HOST}", flush=True)
         with running_spark_cluster(settings) as cluster:
-            conf = " ".join(f"--conf {k}={v}" for k, v in cluster.application_config().items() if k != "spark.master")
+            config = {k: v for k, v in cluster.application_config().items() if k != "spark.master"}
+            conf = " ".join(f"--conf {shlex.quote(f'{k}={v}')}" for k, v in config.items())
             print(
-                f"Spark standalone master {cluster.master_url} (web UI {cluster.webui_url}), "
-                f"{settings.workers} workers x {settings.cores_per_worker} core(s), {settings.worker_memory} each; "
+                f"Spark standalone master {cluster.master_url} (web UI {cluster.webui_url}): {settings.workers} "
+                f"worker(s) x {settings.cores_per_worker} core(s), {settings.worker_memory} each; "
                 f"logs in {cluster.scratch / 'logs'}\n"
-                f"drivers: StreamSparkResource(master={cluster.master_url!r}, spark_config={{...}}) or {conf}\n"
+                f"  StreamSparkResource(master={cluster.master_url!r}, spark_config={config!r})\n"
+                f"  streamgroup local spark-connect --master {cluster.master_url} {conf}\n"
                 "Ctrl-C stops it",
                 flush=True,
             )
