@@ -106,13 +106,28 @@ def _member_sensor(
     return _sensor
 
 
+DAEMON_LOOP_S = 5.0
+"""Dagster's sensor daemon evaluates sensors at most once per loop of this many seconds
+(``MIN_INTERVAL_LOOP_TIME`` in dagster/_daemon/sensor.py), whatever their ``minimum_interval_seconds``."""
+
+
 def check_tick_interval(resource: StreamGroupResource, interval_s: float) -> None:
     """The session timeout counts heartbeats: a sensor that ticks slower than the resource's
-    ``heartbeat_interval_s`` says would have its members evict each other (or, faster, hide a dead one)."""
+    ``heartbeat_interval_s`` says would have its members evict each other (or, faster, hide a dead one). The
+    daemon ticks a sensor every 5 s at the fastest, so a shorter interval is really 5 s, and the session
+    timeout must leave room for two of those."""
     if resource.heartbeat_interval_s != interval_s:
         raise StreamGroupConfigError(
             f"heartbeat_interval_s: the resource of group {resource.group!r} says {resource.heartbeat_interval_s:g} s "
             f"but its member sensors tick every {interval_s:g} s; pass the same value to member_sensors()"
+        )
+    cadence = max(interval_s, DAEMON_LOOP_S)
+    if resource.session_timeout_s < 2 * cadence:
+        raise StreamGroupConfigError(
+            f"session_timeout_s: {resource.session_timeout_s:g} s is less than two sensor ticks of group "
+            f"{resource.group!r}; Dagster's daemon ticks sensors every {cadence:g} s at the fastest "
+            f"(heartbeat_interval_s is {interval_s:g} s), so members would evict each other: use at least "
+            f"{2 * cadence:g} s"
         )
 
 

@@ -276,3 +276,17 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         assert not result.run_requests, "a committed range is not run again"
         again = driver.tick()
         assert not [e for e in again.asset_events if isinstance(e, dg.AssetMaterialization)], "recorded once"
+
+
+def test_a_session_timeout_shorter_than_two_daemon_ticks_fails_the_tick(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """Dagster's daemon evaluates sensors every 5 s at the fastest: a 1 s heartbeat with an 8 s session timeout
+    would evict members between two real ticks."""
+    topic = kafka_topics(partitions=1)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, session_timeout_s=8.0)
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    with dg.instance_for_test() as instance, pytest.raises(Exception, match=r"session_timeout_s: 8 s .* at least 10 s"):
+        SensorDriver(sensor, instance, resource).tick()
+    assert resource.member("m").load() is None

@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow, pytest.mark.
 PARTITIONS = 8
 MEMBERS = 3
 MESSAGES = 200_000
-HEARTBEAT_S = 3.0
-SESSION_TIMEOUT_S = 10.0
+HEARTBEAT_S = 5.0
+SESSION_TIMEOUT_S = 20.0
 DRAIN_TIMEOUT_S = 1500.0
 """Generous: on 2 shared cores a Spark run costs tens of seconds (minutes under load) before it reads."""
 
@@ -42,11 +42,13 @@ def work_dir() -> Iterator[Path]:
 @pytest.fixture
 def example_stream(request: pytest.FixtureRequest, work_dir: Path) -> Iterator[ExampleStream]:
     if request.param == "kafka":
-        yield KafkaExample(request.getfixturevalue("kafka_bootstrap"), work_dir / "home", PARTITIONS)
+        yield KafkaExample(
+            request.getfixturevalue("kafka_bootstrap"), work_dir / "home", PARTITIONS, HEARTBEAT_S, SESSION_TIMEOUT_S
+        )
         return
     # A server of its own, over this test's directory, that only accepts a key generated for it.
     with running_v3io_server(work_dir / "v3io-data", access_key=secrets.token_hex(16)) as server:
-        stream = V3ioExample(server, PARTITIONS)
+        stream = V3ioExample(server, PARTITIONS, HEARTBEAT_S, SESSION_TIMEOUT_S)
         try:
             yield stream
         finally:

@@ -25,14 +25,14 @@ def work_dir() -> Iterator[Path]:
 
 
 def test_smoke_under_dagster_dev(kafka_bootstrap: str, work_dir: Path) -> None:
-    stream = KafkaExample(kafka_bootstrap, work_dir / "home", partitions=4, heartbeat_s=2.0, session_timeout_s=8.0)
+    stream = KafkaExample(kafka_bootstrap, work_dir / "home", partitions=4, heartbeat_s=5.0, session_timeout_s=20.0)
     run_example_scenario(
         stream,
         work_dir,
         members=2,
         messages=20_000,
-        heartbeat_s=2.0,
-        session_timeout_s=8.0,
+        heartbeat_s=5.0,
+        session_timeout_s=20.0,
         drain_timeout_s=240.0,
         backfill=False,
         extra_env={"CLICKSTREAM_MAX_WAIT_S": "2"},
