@@ -4,6 +4,7 @@ UI uses."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -163,3 +164,18 @@ def in_other_process(home: Path, code: str, *args: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"the other process failed: {done.stderr}")
     return done.stdout.strip()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (orphans included, which a process tree misses)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members

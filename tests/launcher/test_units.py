@@ -1,0 +1,90 @@
+"""The launcher's small parts on their own: settings, the worker tag, fingerprints, process identity, the
+channel's messages."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from dagster_streamgroup.launcher import WORKER_TAG, LauncherSettings, LauncherSettingsError, RunWorker, process
+from dagster_streamgroup.launcher.fingerprint import installed_roots, source_files, take
+from dagster_streamgroup.launcher.protocol import Channel, ChannelClosedError, Exited, Fork, Forked
+
+
+def test_settings_defaults_and_errors_that_name_the_field() -> None:
+    settings = LauncherSettings.from_config({})
+    assert "pyspark.sql.connect.session" in settings.preload_modules and settings.start_timeout_seconds > 0
+    with pytest.raises(LauncherSettingsError, match=r"start_timeout_seconds: Input should be greater than 0"):
+        LauncherSettings.from_config({"start_timeout_seconds": 0})
+    with pytest.raises(LauncherSettingsError, match=r"preload_modules: Value error, 'pandas; rm' is not a dotted"):
+        LauncherSettings.from_config({"preload_modules": ["pandas; rm"]})
+    with pytest.raises(LauncherSettingsError, match=r"preload_module: Extra inputs are not permitted"):
+        LauncherSettings.from_config({"preload_module": ["pandas"]})
+
+
+def test_worker_tag_round_trip_and_unreadable_tags() -> None:
+    worker = RunWorker(host="h", boot_id="b", pid=12, start_ticks=34, via="fork", server_pid=5)
+    assert RunWorker.from_tags(worker.tag()) == worker
+    assert RunWorker.from_tags({}) is None
+    assert RunWorker.from_tags({WORKER_TAG: "not json"}) is None
+
+
+def test_process_identity_tells_a_reused_pid_apart() -> None:
+    me = os.getpid()
+    started = process.start_ticks(me)
+    assert started is not None
+    assert process.state(me, started) is process.ProcessState.RUNNING
+    assert process.state(me, started + 1) is process.ProcessState.EXITED
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert process.start_ticks(done.pid) is None
+    assert process.state(done.pid, 0) is process.ProcessState.EXITED
+
+
+def test_a_zombie_counts_as_exited() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = process.start_ticks(child.pid)
+    assert started is not None
+    deadline = time.monotonic() + 30
+    while "Z" not in Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]:
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    assert process.state(child.pid, started) is process.ProcessState.EXITED  # exited, not waited for yet
+    child.wait()
+
+
+def test_fingerprint_sees_user_files_change_and_ignores_installed_ones(tmp_path: Path) -> None:
+    user = tmp_path / "user_module.py"
+    user.write_text("X = 1\n")
+    module = types.ModuleType("user_module")
+    module.__file__ = str(user)
+    installed = sys.modules["pydantic"]
+    assert source_files([module, installed], installed_roots()) == [os.path.realpath(user)]
+    fingerprint = take([module, installed])
+    assert fingerprint.changed() == []
+    user.write_text("X = 22\n")
+    assert fingerprint.changed() == [os.path.realpath(user)]
+    user.unlink()
+    assert fingerprint.changed() == [os.path.realpath(user)]
+
+
+def test_channel_frames_messages_and_reports_a_closed_peer() -> None:
+    a, b = socket.socketpair()
+    left, right = Channel(a), Channel(b)
+    left.send(Fork(run_id="r", execute_run_args="{}"))
+    left.send(Exited(pid=3, status=-9))
+    assert right.recv(1.0) == Fork(run_id="r", execute_run_args="{}")
+    assert right.recv(1.0) == Exited(pid=3, status=-9)
+    assert right.recv(0.05) is None
+    right.send(Forked(pid=4, start_ticks=5))
+    assert left.recv(1.0) == Forked(pid=4, start_ticks=5)
+    left.close()
+    with pytest.raises(ChannelClosedError):
+        right.recv(1.0)
