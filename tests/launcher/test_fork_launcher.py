@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from dagster_streamgroup.launcher import process
 from dagster_streamgroup.local import procfs
 from tests.launcher.helpers import (
+    PYTHON,
     Deployment,
     copy_location,
     event_shape,
@@ -43,6 +45,12 @@ def deployment(tmp_path: Path, location: Path) -> Iterator[Deployment]:
     deployment.close()
 
 
+def _captured_stdout(deployment: Deployment, run_id: str) -> str:
+    """What the run's step printed, as the compute log manager captured it (what the UI shows)."""
+    files = sorted((deployment.home / "storage" / run_id / "compute_logs").glob("*.out"))
+    return "".join(f.read_text() for f in files)
+
+
 def _engine_messages(deployment: Deployment, run_id: str) -> list[str]:
     return [m for m in deployment.messages(run_id) if "fork server" in m or "spawned" in m]
 
@@ -61,12 +69,15 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     facts = deployment.materialization(forked)
     assert worker.via == "fork" and worker.pid == facts["pid"] and worker.server_pid == facts["ppid"]
     assert worker.host == process.hostname() and worker.boot_id == process.boot_id()
+    assert _captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
 
     default = Deployment(tmp_path / "default-home", location, instance_yaml(launcher=None))
     try:
         spawned = default.launch("quick_job", tags)
         assert default.wait(spawned, FINISHED).status == dg.DagsterRunStatus.SUCCESS
         assert event_shape(deployment, forked) == event_shape(default, spawned)
+        spawned_pid = default.materialization(spawned)["pid"]
+        assert _captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
         assert default.run(spawned).tags.keys() - {".dagster/grpc_info"} == run.tags.keys() - {"streamgroup/run_worker"}
     finally:
         default.close()
@@ -192,3 +203,34 @@ def test_a_server_that_cannot_fork_safely_falls_back_to_spawning(tmp_path: Path,
             assert fork_servers_of(os.getpid()) == []
     finally:
         deployment.close()
+
+
+def test_a_reloaded_code_location_gets_a_new_fork_server(deployment: Deployment) -> None:
+    first = deployment.launch("quick_job")
+    deployment.wait(first, SUCCESS)
+    deployment.workspace.reload_code_location("launcher_tests")
+    second = deployment.launch("quick_job")
+    deployment.wait(second, SUCCESS)
+    (reason,) = _engine_messages(deployment, second)
+    assert "the code location was reloaded since its fork server started" in reason
+    assert deployment.worker(second).server_pid != deployment.worker(first).server_pid
+
+
+def test_a_run_launched_by_a_process_that_exits_at_once(deployment: Deployment) -> None:
+    """``dagster job launch`` with Dagster's DefaultRunCoordinator launches in the CLI process, which exits
+    right after: its fork server goes with it, and the run it forked carries on."""
+    command = [str(Path(PYTHON).parent / "dagster"), "job", "launch", "-w", str(deployment.location / "workspace.yaml")]
+    done = subprocess.run(
+        [*command, "-j", "quick_job", "--tags", json.dumps({"launched_by": "cli"})],
+        env={**os.environ, "DAGSTER_HOME": str(deployment.home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (run,) = deployment.instance.get_runs(dg.RunsFilter(tags={"launched_by": "cli"}))
+    assert deployment.wait(run.run_id, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    worker = deployment.worker(run.run_id)
+    assert worker.via == "fork" and worker.server_pid is not None
+    wait_until("the CLI's fork server to exit", lambda: not procfs.alive([worker.server_pid or 0]), 30)

@@ -40,6 +40,7 @@ def _facts() -> dict[str, dg.MetadataValue]:
 
 @dg.asset
 def quick() -> dg.MaterializeResult:
+    print(f"quick ran in process {os.getpid()}")  # captured into the run's compute logs
     return dg.MaterializeResult(metadata=_facts())
 
 
