@@ -1,24 +1,37 @@
-"""The example end to end under ``dagster dev``: how long draining a backlog takes against a raw consumer.
+"""The example end to end under ``dagster dev``: draining a backlog against one Spark job and a raw consumer.
 
-``python -m bench.e2e [--records 200000] [--partitions 8] [--members 3] [--max-records-per-run 100000]
-[--warmup-records 8000] [--spark connect|local] [--overhead-repeats 3] [--memory-runs 100] [--timeout 1800]``
+``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
+[--warmup-records 8000] [--spark connect|local] [--overhead-repeats 3] [--single-job-repeats 3]
+[--memory-runs 100] [--cpu-interval 0.5] [--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
    read, in a new process), classic ``local[2]`` and over the local Spark Connect server
    (``dagster_streamgroup.local.spark_connect``), median of ``--overhead-repeats``;
-3. ``dagster dev`` with the example project (3 member sensors, PySpark runs writing Parquet) starts on a fresh
-   instance, and its members share the shards (``startup_s``); ``--warmup-records`` events are drained
-   (``warmup_s``: a deployment's first runs also pay for its Spark server compiling these queries); then
-   ``--records`` clickstream events arrive, and ``drain_s`` is the time from the end of producing until
-   Kafka's group offsets reach the high watermarks; the run timeline and the CPU each part spent are printed;
-4. ``connect_server_rss_mb_after_100_runs``: after the drain, ``--memory-runs`` more runs of the
-   ``per_run_overhead_s`` kind, one after another on the same Connect server, with the server tree's RSS
-   sampled every 10 (``connect_server_rss_mb_by_run``): its memory stays bounded over many runs;
-5. ``raw_consumer_s``: one confluent-kafka consumer reads the same backlog (the project's range reader, in
-   this process).
+3. the example deployment (``bench.deployment``: ``dagster dev``, the project's ``dagster.yaml``, the
+   example's member sensors and stream asset) starts on a fresh instance and its members share the shards
+   (``startup_s``); ``--warmup-records`` events are drained (``warmup_s``: a deployment's first runs also
+   pay for its Spark server compiling these queries); then ``--records`` clickstream events arrive, and
+   ``drain_s`` is the time from the end of producing until Kafka's group offsets reach the high watermarks.
+   The backlog's runs are those Dagster created from the end of the warm-up until then: ``runs``,
+   ``launch_p50_s`` (median of run created to run started, from the run records' create_timestamp and
+   start_time as GraphQL serves them) and ``run_cpu_s_outside_spark``: the median over the run processes of
+   the CPU each spent (with its non-Spark children), **sampled** from ``/proc`` every ``--cpu-interval``
+   while it lives (its last interval is missed), plus an equal share of the code server's own CPU (sensor
+   ticks, run launches) over the same window. The code server's **children's accounting** (the runs it
+   reaped) is printed beside it as a check (``run_cpu.runs_reaped_s`` against ``runs_sampled_s``);
+4. ``single_job_s``: the example's user function over the same ranges (each shard's backlog as one range)
+   in ONE warm session of the deployment's kind (``bench.single_job``: the example's own Spark resource,
+   so a Connect session on the same server by default), best of ``--single-job-repeats`` after a warm-up
+   call, with ``dagster dev`` stopped; ``ratio_single_job = drain_s / single_job_s``;
+5. ``connect_server_rss_mb_after_100_runs``: ``--memory-runs`` more runs of the ``per_run_overhead_s`` kind,
+   one after another on the same Connect server, with the server tree's RSS sampled every 10
+   (``connect_server_rss_mb_by_run``): its memory stays bounded over many runs;
+6. ``raw_consumer_s``: one confluent-kafka consumer reads the same backlog (the project's range reader, in
+   this process); ``ratio = drain_s / raw_consumer_s``.
 
-The last line is one JSON object.
+Targets are printed next to the figures, never asserted: ratio_single_job <= 2.0, runs <= 3 x members,
+launch_p50_s <= 1.0, run_cpu_s_outside_spark <= 0.5. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -38,22 +51,18 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench import deployment, process_cpu
+from bench.deployment import ASSET, Deployment, ExampleSettings, running_example
+from bench.figures import median_or_none, rounded, target_line
+from bench.single_job import single_job_seconds
 from bench.spark_overhead import consecutive_runs, mib, run_process
-from dagster_streamgroup.dagster import KafkaStreamGroup
-from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
+from dagster_streamgroup.dagster.devserver import wait_for
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import running_broker
 from dagster_streamgroup.local.kafka_data import create_topics
+from dagster_streamgroup.spark.ranges import ShardRange
 from dagster_streamgroup.streams.kafka import PartitionRange, read_ranges
 from jobs.clickstream_events import produce_burst, producers
-
-ASSET = "page_views_per_minute"
-PARTS = (
-    (b"dagster._daemon", "daemon"),
-    (b"dagster_webserver", "webserver"),
-)
-"""Command-line fragments of ``dagster dev``'s processes, by role; the rest is the code server, its sensor ticks
-and the run processes it starts (whose CPU moves to it when they exit)."""
 
 
 def raw_consumer_seconds(
@@ -73,45 +82,40 @@ def probe(target: list[str]) -> float:
     return float(run_process(target)["overhead_s"])
 
 
-def of_backlog(run: dict[str, Any], starts: dict[str, int]) -> bool:
-    """Whether a run reads the backlog (its range starts at or after the warm-up's end in its shard)."""
-    tags = run["tags"]
-    shard, start = tags.get("streamgroup/shard"), tags.get("streamgroup/start")
-    return shard in starts and start is not None and int(start) >= starts[shard]
+def run_label(tags: dict[str, str]) -> str:
+    """What a run says about itself in its ``streamgroup/`` tags (member, ranges, records or shard), for the
+    timeline only: the benchmark selects runs by time, whatever their tags."""
+    shown = sorted((k, v) for k, v in tags.items() if k.startswith("streamgroup/") and not k.endswith(("group", "key")))
+    return " ".join(f"{k.removeprefix('streamgroup/')}={v}" for k, v in shown)[:70]
 
 
-def run_timings(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Where a run's time goes, as Dagster recorded it: queued (created until its process started) and
-    running (process start until success), medians over the finished runs."""
-    finished = [r for r in runs if r.get("startTime") and r.get("endTime")]
-    if not finished:
-        return {}
-    return {
-        "queued": round(statistics.median(r["startTime"] - r["creationTime"] for r in finished), 2),
-        "running": round(statistics.median(r["endTime"] - r["startTime"] for r in finished), 2),
-    }
+def print_timeline(runs: list[dict[str, Any]], produced_at: float, spark_s: dict[str, list[Any]]) -> None:
+    for run in sorted(runs, key=lambda r: r["creationTime"]):
+        marks = [run.get(key) for key in ("creationTime", "startTime", "endTime")]
+        since = " ".join("-" if mark is None else f"{mark - produced_at:+7.1f}" for mark in marks)
+        done = spark_s.get(run["runId"], [])
+        read = f"{len(done)} materializations, read/process s {done[0]}" if done else "no materialization"
+        print(f"  {run_label(run['tags']):<70} created/started/ended (s after producing) {since}  {read}")
 
 
-def part_of(pid: int) -> str:
-    """Which part of the deployment a process of ``dagster dev``'s tree is, from its command line."""
-    command = b" ".join(procfs.cmdline(pid))
-    if not command:
-        return "gone"
-    for needle, part in PARTS:
-        if needle in command:
-            return part
-    return "code_server_and_runs"
+def finished(
+    example: Deployment,
+    sampler: process_cpu.TreeSampler,
+    since_wall: float,
+    since_boot: float,
+    until_wall: float,
+    timeout_s: float,
+) -> tuple[list[dict[str, Any]], bool]:
+    """The runs created in ``[since_wall, until_wall)`` once Dagster recorded their end, and whether their
+    processes (started after ``since_boot``) have exited too (waited for up to a minute more)."""
 
+    def ended() -> list[dict[str, Any]] | None:
+        runs = example.runs_created(since_wall, until_wall)
+        return runs if all(run.get("endTime") for run in runs) else None
 
-def cpu_by_part(roots: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each part: the Connect server's tree, the broker, and ``dagster dev``'s processes
-    by role."""
-    out: dict[str, float] = {}
-    for name, root in roots.items():
-        for pid, cpu in procfs.tree_cpu_seconds(root).items():
-            part = part_of(pid) if name == "dagster_dev" else name
-            out[part] = out.get(part, 0.0) + cpu
-    return out
+    runs = wait_for("the runs to end", ended, timeout_s, 1.0)
+    exited = process_cpu.wait_until_exited(sampler, process_cpu.run_processes(sampler.snapshot(), since_boot), 60.0)
+    return runs, exited
 
 
 def drain(
@@ -122,126 +126,126 @@ def drain(
     work: Path,
     produce: Callable[[int], None],
     cpu_roots: dict[str, int],
-) -> tuple[dict[str, Any], dict[str, int]]:
-    """``dagster dev`` starts on an empty topic and its members share the shards (``startup_s``); a warm-up of
-    ``--warmup-records`` is produced and drained (``warmup_s``: the first runs of a deployment also pay for
-    the Spark server's JIT and code generation of these queries); then the backlog is produced, and
-    ``drain_s`` runs from the end of producing until Kafka's group offsets reach the high watermarks: how
-    fast a running deployment drains a backlog, without the one-off start. Also returns where the backlog
-    starts in each shard."""
-    group = f"bench_{uuid.uuid4().hex[:8]}"
-    home = work / "home"
-    env = {
-        "CLICKSTREAM_BOOTSTRAP": bootstrap,
-        "CLICKSTREAM_TOPIC": topic,
-        "CLICKSTREAM_GROUP": group,
-        "CLICKSTREAM_MEMBERS": str(args.members),
-        "CLICKSTREAM_HEARTBEAT_S": "3",
-        "CLICKSTREAM_SESSION_TIMEOUT_S": "10",
-        "CLICKSTREAM_MAX_RECORDS_PER_RUN": str(args.max_records_per_run),
-        "CLICKSTREAM_OUTPUT": str(work / "output"),
-        "CLICKSTREAM_SPARK_MASTER": "local[2]",
-    }
-    if remote is not None:
-        env["CLICKSTREAM_SPARK_REMOTE"] = remote
-    resource = KafkaStreamGroup(
-        group=group,
-        bootstrap_servers=bootstrap,
-        topics=[topic],
-        store_url=f"sqlite:///{home / 'streamgroup-state.db'}",
-        heartbeat_interval_s=3,
-        session_timeout_s=10,
-    )
-    backend = resource.backend()
-    shards = backend.shards()
+) -> tuple[dict[str, Any], dict[str, str], dict[str, int], dict[str, int]]:
+    """The example deployment starts on an empty topic and its members share the shards (``startup_s``); a
+    warm-up of ``--warmup-records`` is produced and drained (``warmup_s``: the first runs of a deployment also
+    pay for the Spark server's JIT and code generation of these queries); then the backlog is produced, and
+    ``drain_s`` runs from the end of producing until Kafka's group offsets reach the high watermarks: how fast
+    a running deployment drains a backlog, without the one-off start.
 
-    def shared() -> bool:
-        state = resource.member("bench").load()
-        return (
-            state is not None
-            and len(state.members) == args.members
-            and len(state.shards) == len(shards)
-            and all(shard.owner is not None for shard in state.shards.values())
-        )
-
-    dev = DagsterDev(home, env, work / "dagster-dev.log")
-    started = time.perf_counter()
-    try:
-        dev.start()
-        ready_s = time.perf_counter() - started
-        wait_for("the members to share the shards", shared, args.timeout, 1.0)
-        startup_s = time.perf_counter() - started
-        print(f"dagster dev ready after {ready_s:.1f} s, shards shared after {startup_s:.1f} s", flush=True)
-        warm_started = time.perf_counter()
+    The backlog's runs are those created from the end of the warm-up until the drain; CPU is counted from
+    the end of the warm-up until those runs' processes have exited. Returns the figures, the example's
+    environment, and where the backlog starts and ends in each shard."""
+    settings = ExampleSettings(members=args.members, max_records_per_run=args.max_records_per_run, spark_remote=remote)
+    with running_example(bootstrap, topic, work, settings, args.timeout) as example:
+        warm_started, warm_wall, warm_boot = time.perf_counter(), time.time(), process_cpu.uptime_s()
+        warm_sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
         produce(args.warmup_records)
-        starts = {s: m.high for s, m in backend.watermarks(shards).items()}
-        wait_for("the warm-up to drain", lambda: backend.committed(group, shards) == starts, args.timeout, 1.0)
+        starts = example.highs()
+        example.wait_committed("the warm-up to drain", starts, args.timeout)
         warmup_s = time.perf_counter() - warm_started
         print(f"warm-up of {args.warmup_records} records drained after {warmup_s:.1f} s", flush=True)
+        # Its runs end (materializations, process exit) before the backlog's window opens.
+        finished(example, warm_sampler, warm_wall, warm_boot, time.time(), args.timeout)
+        warm_sampler.stop()
+
+        roots = {**cpu_roots, "dagster_dev": example.pid}
+        window_wall, window_boot = time.time(), process_cpu.uptime_s()
+        sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
+        cpu_before = process_cpu.cpu_by_part(roots)
         produce(args.records)
-        highs = {s: m.high for s, m in backend.watermarks(shards).items()}
-        assert dev.proc is not None
-        roots = {**cpu_roots, "dagster_dev": dev.proc.pid}
-        cpu_before = cpu_by_part(roots)
-        produced, produced_at = time.perf_counter(), time.time()
+        highs = example.highs()
+        produced_at = time.time()
+        drain_s = example.wait_committed("the backlog to drain", highs, args.timeout)
+        drained_wall = time.time()
+        print(f"drained {drain_s:.1f} s after producing; waiting for the backlog's runs to end", flush=True)
 
-        def drained() -> bool:
-            return backend.committed(group, shards) == highs
-
-        wait_for("the backlog to drain", drained, args.timeout, 1.0)
-        drain_s = time.perf_counter() - produced
-        cpu_after = cpu_by_part(roots)
-        runs = [run for run in dev.runs() if of_backlog(run, starts)]
-        spark_s = {m["runId"]: (m.get("read_s"), m.get("process_s")) for m in dev.materializations(ASSET)}
-    finally:
-        dev.stop()
-    statuses: dict[str, int] = {}
-    for run in runs:
-        statuses[run["status"]] = statuses.get(run["status"], 0) + 1
-    print(f"drained in {drain_s:.1f} s with {len(runs)} runs {statuses}", flush=True)
-    timings = run_timings(runs)
+        runs, exited = finished(example, sampler, window_wall, window_boot, drained_wall, args.timeout)
+        cpu_after = process_cpu.cpu_by_part(roots)
+        sampler.stop()
+        spark_s: dict[str, list[Any]] = {}
+        for m in example.dev.materializations(ASSET):
+            if m["runId"] in {run["runId"] for run in runs}:
+                spark_s.setdefault(m["runId"], []).append((m.get("read_s"), m.get("process_s")))
+        env = example.env
+    counts = deployment.statuses(runs)
+    print(f"drained in {drain_s:.1f} s with {len(runs)} runs {counts}", flush=True)
+    timings = deployment.run_timings(runs)
     print(f"run timings (median s): {timings}", flush=True)
-    for run in sorted(runs, key=lambda r: r["creationTime"]):
-        marks = [run.get(key) for key in ("creationTime", "startTime", "endTime")]
-        since = " ".join("-" if mark is None else f"{mark - produced_at:+7.1f}" for mark in marks)
-        read_s, process_s = spark_s.get(run["runId"], (None, None))
-        print(
-            f"  {run['tags'].get('streamgroup/shard', '?'):>24} created/started/ended (s after producing) {since}"
-            f"  read {read_s} s, process {process_s} s"
-        )
-    # Runs still exiting after the drain are not counted yet: a lower bound for that part.
-    cpu_s = {part: round(cpu - cpu_before.get(part, 0.0), 1) for part, cpu in sorted(cpu_after.items())}
-    print(f"CPU seconds spent during the drain, by part: {cpu_s}", flush=True)
-    return {
+    print_timeline(runs, produced_at, spark_s)
+    cpu_s = process_cpu.difference(cpu_after, cpu_before)
+    print(f"CPU seconds from the end of the warm-up until the backlog's runs exited, by part: {cpu_s}", flush=True)
+    run_cpu = process_cpu.run_cpu_figures(sampler.snapshot(), window_boot, len(runs))
+    print(
+        f"run processes seen: {run_cpu.run_processes} for {len(runs)} runs (all exited: {exited}); per run CPU s "
+        f"outside Spark {[round(v, 2) for v in sorted(run_cpu.per_run_outside_spark_s)]} (code server and "
+        f"launchers {run_cpu.shared_s:.1f} s shared equally); the runs' own CPU sampled "
+        f"{run_cpu.sampled_runs_s:.1f} s, reaped by the code server {run_cpu.reaped_children_s:.1f} s; "
+        f"local Spark in runs {run_cpu.local_spark_s:.1f} s",
+        flush=True,
+    )
+    launches = deployment.launch_seconds(runs)
+    figures: dict[str, Any] = {
         "warmup_s": round(warmup_s, 2),
         "drain_cpu_s": cpu_s,
         "run_timings_median_s": timings,
         "drain_s": round(drain_s, 2),
-        "startup_s": round(startup_s, 2),
-        "ready_s": round(ready_s, 2),
+        "startup_s": round(example.startup_s, 2),
+        "ready_s": round(example.ready_s, 2),
         "runs": len(runs),
-        "run_statuses": statuses,
-    }, starts
+        "run_statuses": counts,
+        "launch_p50_s": rounded(median_or_none(launches)),
+        "launch_s_max": rounded(max(launches)) if launches else None,
+        "run_cpu_s_outside_spark": rounded(median_or_none(run_cpu.per_run_outside_spark_s)),
+        "run_cpu": {
+            "run_processes": run_cpu.run_processes,
+            "code_server_shared_s": round(run_cpu.shared_s, 2),
+            "runs_sampled_s": round(run_cpu.sampled_runs_s, 2),
+            "runs_reaped_s": round(run_cpu.reaped_children_s, 2),
+            "local_spark_in_runs_s": round(run_cpu.local_spark_s, 2),
+        },
+    }
+    return figures, env, starts, highs
+
+
+def print_targets(result: dict[str, Any], members: int) -> None:
+    print("targets (printed, not asserted):", flush=True)
+    for line in (
+        target_line("ratio_single_job", result.get("ratio_single_job"), 2.0),
+        target_line("runs", result["runs"], 3 * members),
+        target_line("launch_p50_s", result["launch_p50_s"], 1.0),
+        target_line("run_cpu_s_outside_spark", result["run_cpu_s_outside_spark"], 0.5),
+    ):
+        print(f"  {line}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int, default=32)
     parser.add_argument("--members", type=int, default=3)
-    parser.add_argument("--max-records-per-run", type=int, default=100_000)
+    parser.add_argument(
+        "--max-records-per-run", type=int, default=None, help="CLICKSTREAM_MAX_RECORDS_PER_RUN (default: the example's)"
+    )
     parser.add_argument("--warmup-records", type=int, default=8_000, help="drained before the timed backlog")
     parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
     parser.add_argument("--overhead-repeats", type=int, default=3)
+    parser.add_argument("--single-job-repeats", type=int, default=3, help="timed single-job calls after a warm-up")
     parser.add_argument(
         "--memory-runs", type=int, default=100, help="consecutive Connect runs after the drain, for the server's RSS"
     )
+    parser.add_argument("--cpu-interval", type=float, default=0.5, help="seconds between readings of run processes")
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
     args = parser.parse_args(argv)
-    if min(args.records, args.partitions, args.members, args.max_records_per_run, args.warmup_records) < 1:
-        parser.error("--records, --partitions, --members, --max-records-per-run and --warmup-records must be >= 1")
-    if args.memory_runs < 0:
-        parser.error("--memory-runs must be >= 0")
+    for name in ("records", "partitions", "members", "warmup_records", "single_job_repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_records_per_run is not None and args.max_records_per_run < 1:
+        parser.error("--max-records-per-run must be >= 1")
+    if args.memory_runs < 0 or args.overhead_repeats < 0:
+        parser.error("--memory-runs and --overhead-repeats must be >= 0")
+    if not 0.05 <= args.cpu_interval <= 10:
+        parser.error("--cpu-interval must be within 0.05..10 seconds")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dagster_streamgroup.local.spark_connect import running_connect_server
@@ -258,17 +262,23 @@ def main(argv: list[str] | None = None) -> int:
 
         with running_connect_server() as server:
             remote = server.remote
-            local = [probe(["--master", "local[2]"]) for _ in range(args.overhead_repeats)]
-            connect = [probe(["--remote", remote]) for _ in range(args.overhead_repeats)]
-            print(f"per-run Spark overhead: local {local}, connect {connect}", flush=True)
-            result["per_run_overhead_s"] = {
-                "local": round(statistics.median(local), 3),
-                "connect": round(statistics.median(connect), 3),
-            }
+            if args.overhead_repeats:
+                local = [probe(["--master", "local[2]"]) for _ in range(args.overhead_repeats)]
+                connect = [probe(["--remote", remote]) for _ in range(args.overhead_repeats)]
+                print(f"per-run Spark overhead: local {local}, connect {connect}", flush=True)
+                result["per_run_overhead_s"] = {
+                    "local": round(statistics.median(local), 3),
+                    "connect": round(statistics.median(connect), 3),
+                }
             remote_or_none = remote if args.spark == "connect" else None
             roots = {"spark_connect_server": server.pid, **({"broker": broker.pid} if broker.pid else {})}
-            drained, starts = drain(args, broker.bootstrap, topic, remote_or_none, Path(tmp), produce, roots)
+            drained, env, starts, highs = drain(
+                args, broker.bootstrap, topic, remote_or_none, Path(tmp), produce, roots
+            )
             result.update(drained)
+            ranges = [ShardRange(shard, starts[shard], high) for shard, high in highs.items() if high > starts[shard]]
+            # dagster dev is stopped: the single job has the machine (and the Connect server) to itself.
+            result.update(single_job_seconds(env, ranges, args.single_job_repeats))
             if args.memory_runs:  # after the drain, so the drain meets the server as a deployment does
                 rss_before = mib(procfs.tree_rss_bytes(server.pid))
                 _, rss_by_run, rss_at_100 = consecutive_runs(server, args.memory_runs)
@@ -277,12 +287,12 @@ def main(argv: list[str] | None = None) -> int:
                     connect_server_rss_mb_after_100_runs=rss_at_100,
                     connect_server_rss_mb_by_run=rss_by_run,
                 )
-        backend = KafkaStreamGroup(group="bench", bootstrap_servers=broker.bootstrap, topics=[topic]).backend()
-        highs = {s: m.high for s, m in backend.watermarks(backend.shards()).items()}
         raw_s, records = raw_consumer_seconds(broker.bootstrap, topic, starts, highs)
         print(f"{records} backlog records; a raw consumer read them in {raw_s:.2f} s", flush=True)
         result.update(records=records, raw_consumer_s=round(raw_s, 3))
     result["ratio"] = round(result["drain_s"] / result["raw_consumer_s"], 1)
+    result["ratio_single_job"] = round(result["drain_s"] / result["single_job_s"], 2)
+    print_targets(result, args.members)
     print(json.dumps(result))
     return 0
 

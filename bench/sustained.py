@@ -1,0 +1,273 @@
+"""The example deployment under a steady stream: lag, runs and CPU at fixed production rates.
+
+``python -m bench.sustained [--rates 1000,20000,50000] [--minutes 4] [--partitions 32] [--members 3]
+[--spark connect|local] [--max-records-per-run N] [--warmup-records 8000] [--sample-s 2] [--settle-s 60]
+[--growth-tolerance 0.05] [--timeout 300]``
+
+1. the local broker, a ``--partitions`` topic, the local Spark Connect server, and the example deployment
+   (``bench.deployment``: ``dagster dev`` with the example's member sensors and stream asset and the
+   project's ``dagster.yaml``), started as ``bench.e2e`` starts it; ``--warmup-records`` are drained first;
+2. for each rate of ``--rates`` (events/s), a producer process (``bench.producer``: the example's events,
+   batched) writes for ``--minutes`` while the benchmark samples, every ``--sample-s``, the broker's high
+   watermarks and Kafka's group offsets (the group mirrors its commits there). Per rate it prints:
+
+   - ``achieved_events_per_s``: what the broker received (high watermarks) over the phase, and the
+     producer's own count; the producer's and the broker's CPU, apart from the deployment's;
+   - ``lag_records_p50``/``p95``; ``seconds_behind_p50``/``p95``: the age of the oldest record the group has
+     not committed (when it appeared at the broker, interpolated from the watermark history);
+     ``lag_over_rate_s_p50``/``p95``: records behind divided by the rate;
+   - ``lag_slope_records_per_s``: least-squares slope of the lag over the phase's second half; the rate is
+     ``sustained`` when it stays under ``--growth-tolerance`` x the rate (the lag did not grow);
+   - ``runs_per_minute`` (runs Dagster created during the phase) and ``deployment_cores``: CPU seconds per
+     second of every process of the deployment (daemon, webserver, code server, runs, Spark Connect
+     server), with ``cores_by_part``;
+
+   then the producer stops and the deployment gets up to ``--settle-s`` to catch up before the next rate
+   (so one rate's backlog does not count against the next).
+
+The last line is one JSON object: the per-rate figures plus ``max_sustained_events_per_s`` (the highest
+rate whose lag did not grow: the rate asked for when the producer reached 97% of it, else what it reached),
+``p95_seconds_behind_at_max`` and ``cores_at_1000``. Targets are printed, never asserted: 50,000 events/s
+sustained with p95 <= 30 s behind; <= 0.5 cores at 1,000 events/s. The run takes at most about
+``len(rates) x (minutes + settle)`` plus start-up and warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import process_cpu
+from bench.deployment import Deployment, ExampleSettings, running_example
+from bench.figures import percentile, rounded, second_half, slope, sustained, target_line
+from bench.lag import LagSampler
+from dagster_streamgroup.local.kafka_broker import BrokerInfo, running_broker
+from dagster_streamgroup.local.kafka_data import create_topics
+from jobs.clickstream_events import produce_burst, producers
+
+DEPLOYMENT_PARTS = ("dagster_dev", "daemon", "webserver", process_cpu.CODE_SERVER_AND_RUNS, "spark_connect_server")
+PRODUCER_REACHED = 0.97
+"""A phase counts at the rate asked for when its producer reached this share of it."""
+COMMAND_TIMEOUT_S = 120.0
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rates: comma-separated events/s, got {text!r}") from None
+    if not rates or any(rate <= 0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"--rates: one or more rates > 0, got {text!r}")
+    return rates
+
+
+def start_producer(broker: BrokerInfo, topic: str, partitions: int, rate: float, seconds: float, log: Path) -> Any:
+    command = [
+        sys.executable, "-m", "bench.producer",
+        "--bootstrap", broker.bootstrap, "--topic", topic, "--partitions", str(partitions),
+        "--rate", f"{rate:g}", "--seconds", f"{seconds:g}", "--seed", str(int(rate)),
+    ]  # fmt: skip
+    with log.open("ab") as err:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+def settle(sampler: LagSampler, example: Deployment, settle_s: float) -> tuple[float, bool]:
+    """Wait until the group has committed everything produced, at most ``settle_s``."""
+    started = time.monotonic()
+    highs = example.highs()
+    while time.monotonic() - started < settle_s:
+        committed = example.committed()
+        if all((committed.get(shard) or 0) >= high for shard, high in highs.items()):
+            return time.monotonic() - started, True
+        time.sleep(sampler.interval_s)
+    return time.monotonic() - started, False
+
+
+def phase(
+    args: argparse.Namespace,
+    rate: float,
+    broker: BrokerInfo,
+    topic: str,
+    example: Deployment,
+    sampler: LagSampler,
+    roots: dict[str, int],
+    work: Path,
+) -> dict[str, Any]:
+    seconds = args.minutes * 60
+    producer = start_producer(broker, topic, args.partitions, rate, seconds, work / "producer.log")
+    assert producer.stdout is not None
+    if "started" not in producer.stdout.readline():  # the window opens when the producer starts producing
+        producer.wait(COMMAND_TIMEOUT_S)
+        raise RuntimeError(f"the producer at {rate:g} events/s did not start (exit {producer.returncode}); see {work}")
+    cpu_before, bench_cpu_before = process_cpu.cpu_by_part(roots), time.process_time()
+    first = sampler.sample()
+    t0, wall0 = time.monotonic(), time.time()
+    try:
+        out, _ = producer.communicate(timeout=seconds + COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        producer.kill()
+        producer.wait()
+        raise
+    if producer.returncode != 0:
+        raise RuntimeError(f"the producer at {rate:g} events/s exited with {producer.returncode}; see {work}")
+    produced = json.loads(out.strip().splitlines()[-1])
+    last = sampler.sample()
+    t1, wall1 = time.monotonic(), time.time()
+    cpu_after, bench_cpu = process_cpu.cpu_by_part(roots), time.process_time() - bench_cpu_before
+    elapsed = t1 - t0
+
+    samples = sampler.between(t0, t1)
+    achieved = (last.high_total - first.high_total) / elapsed if first and last else produced["events_per_s"]
+    lags = [float(s.lag_records) for s in samples]
+    ages = [s.oldest_age_s for s in samples]
+    growth = slope(second_half([(s.t, float(s.lag_records)) for s in samples], t0, t1))
+    runs = example.runs_created(wall0, wall1)
+    cpu = process_cpu.difference(cpu_after, cpu_before)
+    deployment_cpu = sum(cpu.get(part, 0.0) for part in DEPLOYMENT_PARTS)
+    settle_s, caught_up = settle(sampler, example, args.settle_s)
+    figures: dict[str, Any] = {
+        "target_events_per_s": rate,
+        "achieved_events_per_s": round(achieved, 1),
+        "producer_events_per_s": produced["events_per_s"],
+        "producer_late_ticks": produced["late_ticks"],
+        "seconds": round(elapsed, 1),
+        "samples": len(samples),
+        "lag_records_p50": rounded(percentile(lags, 50), 0),
+        "lag_records_p95": rounded(percentile(lags, 95), 0),
+        "seconds_behind_p50": rounded(percentile(ages, 50), 1),
+        "seconds_behind_p95": rounded(percentile(ages, 95), 1),
+        "lag_over_rate_s_p50": rounded((percentile(lags, 50) or 0.0) / achieved if achieved else None, 1),
+        "lag_over_rate_s_p95": rounded((percentile(lags, 95) or 0.0) / achieved if achieved else None, 1),
+        "lag_slope_records_per_s": rounded(growth, 1),
+        "sustained": sustained(growth, achieved, args.growth_tolerance),
+        "runs": len(runs),
+        "runs_per_minute": round(len(runs) / (elapsed / 60), 2),
+        "deployment_cores": round(deployment_cpu / elapsed, 3),
+        "cores_by_part": {part: round(value / elapsed, 3) for part, value in cpu.items()},
+        "producer_cores": round(produced["cpu_s"] / elapsed, 3),
+        "benchmark_cores": round(bench_cpu / elapsed, 3),
+        "settle_s": round(settle_s, 1),
+        "caught_up": caught_up,
+    }
+    print(
+        f"{rate:g} events/s: achieved {figures['achieved_events_per_s']} (producer {produced['events_per_s']}, "
+        f"{produced['late_ticks']} late ticks); lag p50/p95 {figures['lag_records_p50']}/{figures['lag_records_p95']}"
+        f" records, {figures['seconds_behind_p50']}/{figures['seconds_behind_p95']} s behind (lag/rate "
+        f"{figures['lag_over_rate_s_p50']}/{figures['lag_over_rate_s_p95']} s); slope over the second half "
+        f"{figures['lag_slope_records_per_s']} records/s ({'sustained' if figures['sustained'] else 'GROWING'}); "
+        f"{figures['runs_per_minute']} runs/min; deployment {figures['deployment_cores']} cores "
+        f"{figures['cores_by_part']}; producer {figures['producer_cores']} cores, benchmark "
+        f"{figures['benchmark_cores']}; caught up after {figures['settle_s']} s: {caught_up}",
+        flush=True,
+    )
+    return figures
+
+
+def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline figures over the phases (see the module docstring)."""
+    best: dict[str, Any] | None = None
+    best_rate = 0.0
+    for figures in phases:
+        if not figures["sustained"]:
+            continue
+        reached = figures["achieved_events_per_s"] >= PRODUCER_REACHED * figures["target_events_per_s"]
+        rate = figures["target_events_per_s"] if reached else figures["achieved_events_per_s"]
+        if rate > best_rate:
+            best, best_rate = figures, rate
+    at_1000 = [f["deployment_cores"] for f in phases if f["target_events_per_s"] == 1000]
+    return {
+        "max_sustained_events_per_s": best_rate if best is not None else None,
+        "p95_seconds_behind_at_max": best["seconds_behind_p95"] if best is not None else None,
+        "cores_at_1000": at_1000[0] if at_1000 else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", type=parse_rates, default=[1000.0, 20000.0, 50000.0], help="events/s, in order")
+    parser.add_argument("--minutes", type=float, default=4.0, help="minutes of producing per rate")
+    parser.add_argument("--partitions", type=int, default=32)
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
+    parser.add_argument(
+        "--max-records-per-run", type=int, default=None, help="CLICKSTREAM_MAX_RECORDS_PER_RUN (default: the example's)"
+    )
+    parser.add_argument("--warmup-records", type=int, default=8_000, help="drained before the first rate")
+    parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between lag samples")
+    parser.add_argument("--settle-s", type=float, default=60.0, help="at most this long to catch up after a rate")
+    parser.add_argument("--growth-tolerance", type=float, default=0.05, help="lag slope / rate still sustained")
+    parser.add_argument("--timeout", type=float, default=300.0, help="start-up and warm-up budget in seconds")
+    args = parser.parse_args(argv)
+    if not 0 < args.minutes <= 60:
+        parser.error("--minutes must be within (0, 60]")
+    for name in ("partitions", "members", "warmup_records"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_records_per_run is not None and args.max_records_per_run < 1:
+        parser.error("--max-records-per-run must be >= 1")
+    if not 0.5 <= args.sample_s <= 30 or args.settle_s < 0 or not 0 <= args.growth_tolerance < 1:
+        parser.error("--sample-s must be within 0.5..30, --settle-s >= 0, --growth-tolerance within [0, 1)")
+    bound_min = len(args.rates) * (args.minutes + args.settle_s / 60) + 2 * args.timeout / 60
+    print(f"rates {args.rates} events/s, {args.minutes:g} min each: at most ~{bound_min:.0f} min", flush=True)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from dagster_streamgroup.local.spark_connect import running_connect_server
+
+    result: dict[str, Any] = {
+        "partitions": args.partitions,
+        "members": args.members,
+        "spark": args.spark,
+        "minutes_per_rate": args.minutes,
+    }
+    with running_broker() as broker, tempfile.TemporaryDirectory(prefix="bench-sustained-") as tmp:
+        work = Path(tmp)
+        topic = f"clicks-{uuid.uuid4().hex[:8]}"
+        create_topics(broker.bootstrap, {topic: args.partitions})
+        with running_connect_server() as server:
+            settings = ExampleSettings(
+                members=args.members,
+                max_records_per_run=args.max_records_per_run,
+                spark_remote=server.remote if args.spark == "connect" else None,
+            )
+            with running_example(broker.bootstrap, topic, work, settings, args.timeout) as example:
+                bulk, trailer = producers({"bootstrap.servers": broker.bootstrap})
+                produce_burst(bulk, trailer, topic, args.partitions, args.warmup_records, random.Random(0))
+                del bulk, trailer
+                warmup_s = example.wait_committed("the warm-up to drain", example.highs(), args.timeout)
+                print(f"warm-up of {args.warmup_records} records drained after {warmup_s:.1f} s", flush=True)
+                roots = {
+                    "dagster_dev": example.pid,
+                    "spark_connect_server": server.pid,
+                    **({"broker": broker.pid} if broker.pid else {}),
+                }
+                sampler = LagSampler(example.backend, example.group, example.shards, args.sample_s).start()
+                try:
+                    phases = [phase(args, rate, broker, topic, example, sampler, roots, work) for rate in args.rates]
+                finally:
+                    sampler.stop()
+                result.update(startup_s=round(example.startup_s, 1), warmup_s=round(warmup_s, 1))
+        result["lag_sample_errors"] = sampler.errors
+    result["rates"] = phases
+    result.update(summary(phases))
+    print("targets (printed, not asserted):", flush=True)
+    for line in (
+        target_line("max_sustained_events_per_s", result["max_sustained_events_per_s"], 50_000, at_most=False),
+        target_line("p95_seconds_behind_at_max", result["p95_seconds_behind_at_max"], 30),
+        target_line("cores_at_1000", result["cores_at_1000"], 0.5),
+    ):
+        print(f"  {line}", flush=True)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
