@@ -6,15 +6,18 @@ run in flight (one per member tick over all its ready shards, by default) whose 
 yet. Requests are deterministic, so a run recorded by a tick that died before Dagster launched it is requested
 again under the same run key. A tick does a few short broker and store calls and never touches Spark.
 
-The member id is the sensor name: a restarted daemon resumes the same membership instead of waiting out a
-session timeout.
+The member id is the sensor name and the deployment (``<sensor>@<deployment>``): a restarted daemon resumes the
+same membership instead of waiting out a session timeout, and two deployments of the same code (each with its
+own Dagster instance) are distinct members of one group.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -135,16 +138,19 @@ def evaluate_member_tick(
     context: dg.SensorEvaluationContext,
     resource: StreamGroupResource,
     target: StreamTarget,
-    member_id: str,
+    sensor_name: str,
     peers: Sequence[str] = (),
 ) -> dg.SensorResult:
     started = time.monotonic()
-    member = resource.member(member_id)
     instance = _instance_or_none(context)
+    deployment = deployment_id(instance)
+    member_id = member_identity(sensor_name, deployment)
+    member = resource.member(member_id)
     before = member.load()
     notes: list[str] = []
     if instance is not None and before is not None:
-        notes += _leave_stopped_peers(resource, instance, before, member_id, peers, _repository_of(context))
+        peer_ids = {name: member_identity(name, deployment) for name in peers if name != sensor_name}
+        notes += _leave_stopped_peers(resource, instance, before, peer_ids, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
     report = member.tick()
     runs = _not_launched_yet(instance, list(protocol.runs_of(report.inflight).values()), member_id)
@@ -174,6 +180,28 @@ def evaluate_member_tick(
         asset_events=events,
         cursor=cursor.dump(),
     )
+
+
+DEPLOYMENT_ENV = "STREAMGROUP_DEPLOYMENT"
+
+
+def deployment_id(instance: dg.DagsterInstance | None) -> str | None:
+    """Names the Dagster deployment a member sensor runs in: ``$STREAMGROUP_DEPLOYMENT`` when set, else a
+    digest of the id Dagster's run storage keeps for the instance (stable across restarts, distinct for every
+    instance storage, SQLite or PostgreSQL alike); ``None`` without an instance (a sensor called directly)."""
+    named = os.environ.get(DEPLOYMENT_ENV, "").strip()
+    if named:
+        return named
+    if instance is None:
+        return None
+    storage_id = getattr(instance.run_storage, "get_run_storage_id", None)  # every SQL run storage has it
+    raw = str(storage_id()) if callable(storage_id) else str(instance.root_directory)
+    return hashlib.sha256(raw.encode()).hexdigest()[:8]
+
+
+def member_identity(sensor_name: str, deployment: str | None) -> str:
+    """The group member a sensor is in one deployment."""
+    return sensor_name if deployment is None else f"{sensor_name}@{deployment}"
 
 
 def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
@@ -206,16 +234,17 @@ def _leave_stopped_peers(
     resource: StreamGroupResource,
     instance: dg.DagsterInstance,
     state: GroupState,
-    member_id: str,
-    peers: Sequence[str],
+    peers: Mapping[str, str],
     repository: tuple[str | None, str | None] = (None, None),
 ) -> list[str]:
     """Peers that an operator stopped in Dagster leave now, instead of holding shards for a session timeout.
 
-    Only sensors of this sensor's own code location and repository count: a stopped sensor of the same name
-    elsewhere in the instance (an old location, another project on the same group) is not a peer, and
-    taking it for one would evict a live member on every tick."""
-    candidates = {p for p in peers if p != member_id and p in state.members}
+    ``peers`` maps the other member sensors' names to their member ids in this deployment. Only sensors of
+    this sensor's own code location and repository count: a stopped sensor of the same name elsewhere in the
+    instance (an old location, another project on the same group) is not a peer, and taking it for one would
+    evict a live member on every tick. Members of other deployments carry another deployment id, so a
+    sensor stopped here never makes them leave."""
+    candidates = {name: mid for name, mid in peers.items() if mid in state.members}
     if not candidates:
         return []
     location, repository_name = repository
@@ -227,7 +256,7 @@ def _leave_stopped_peers(
         if (repository_name is None or s.repository_selector.repository_name == repository_name)
         and (location is None or s.repository_selector.location_name == location)
     ]
-    stopped = sorted(s.instigator_name for s in states if s.instigator_name in candidates)
+    stopped = sorted(candidates[s.instigator_name] for s in states if s.instigator_name in candidates)
     notes = []
     for peer in stopped:
 

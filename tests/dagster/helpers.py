@@ -10,6 +10,7 @@ from typing import Any
 import dagster as dg
 
 from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, ranges_of, stream_asset
+from dagster_streamgroup.dagster.sensors import deployment_id, member_identity
 
 
 def group_name() -> str:
@@ -60,6 +61,11 @@ class SensorDriver:
     def requests(self) -> list[dg.RunRequest]:
         """One tick's run requests."""
         return list(self.tick().run_requests or [])
+
+    @property
+    def member_id(self) -> str:
+        """The group member this sensor is in this instance's deployment."""
+        return member_identity(self.sensor.name, deployment_id(self.instance))
 
     def request(self) -> dg.RunRequest:
         """The one run request of a tick."""

@@ -43,16 +43,16 @@ def test_a_member_requests_one_run_over_all_its_shards_sized_by_backlog(
         [request] = result.run_requests or []
         assert ranges_of_request(request) == [(f"{topic}:{p}", 0, 250) for p in range(4)], "1,000 split by backlog"
         assert request.partition_key is None and request.asset_selection == [asset.key]
-        assert request.run_key is not None and request.run_key.startswith(f"{group}:{sensors[0].name}:4r:")
+        assert request.run_key is not None and request.run_key.startswith(f"{group}:{first.member_id}:4r:")
         assert request.tags is not None
-        assert request.tags[sgt.TAG_MEMBER] == sensors[0].name and request.tags[sgt.TAG_RUN_KEY] == request.run_key
+        assert request.tags[sgt.TAG_MEMBER] == first.member_id and request.tags[sgt.TAG_RUN_KEY] == request.run_key
         assert (request.tags[sgt.TAG_RANGES], request.tags[sgt.TAG_RECORDS], request.tags[sgt.TAG_ATTEMPT]) == (
             "4",
             "1000",
             "0",
         )
         config = next(iter(request.run_config["ops"].values()))["config"]
-        assert config["member"] == sensors[0].name and {r["epoch"] for r in config["ranges"]} == {1}
+        assert config["member"] == first.member_id and {r["epoch"] for r in config["ranges"]} == {1}
         # one partition per shard, whatever the ranges
         added = result.dynamic_partitions_requests
         assert added and sorted(added[0].partition_keys or []) == [f"{topic}:{p}" for p in range(4)]
@@ -74,9 +74,9 @@ def test_a_member_requests_one_run_over_all_its_shards_sized_by_backlog(
         # A second member joins: shards with a range in flight stay put until the run ends.
         joined = second.tick()
         assert not joined.run_requests
-        assert f"{sensors[1].name}: owns none" in (joined.skip_reason.skip_message or "" if joined.skip_reason else "")
+        assert f"{second.member_id}: owns none" in (joined.skip_reason.skip_message or "" if joined.skip_reason else "")
         state = resource.member("reader").load()
-        assert state is not None and set(state.members) == {sensors[0].name, sensors[1].name}
+        assert state is not None and set(state.members) == {first.member_id, second.member_id}
         assert all(s.committed == 0 for s in state.shards.values())
 
 
@@ -223,22 +223,22 @@ def test_a_peer_stopped_in_dagster_leaves_at_the_next_tick(
         first.tick()
         state = resource.member("reader").load()
         assert state is not None
-        assert sorted(s.owner or "" for s in state.shards.values()) == [sensors[0].name] * 2 + [sensors[1].name] * 2
+        assert sorted(s.owner or "" for s in state.shards.values()) == [first.member_id] * 2 + [second.member_id] * 2
 
         # a stopped sensor of the same name in another repository of the instance is not this peer
         stop_in_dagster(instance, sensors[1].name, repository="another_project")
         first.repository_name = "__repository__"
         result = first.tick()
         state = resource.member("reader").load()
-        assert state is not None and set(state.members) == {sensors[0].name, sensors[1].name}
+        assert state is not None and set(state.members) == {first.member_id, second.member_id}
 
         stop_in_dagster(instance, sensors[1].name)
         result = first.tick()  # long before the session timeout (30 s here)
         assert result.skip_reason is not None
-        assert f"{sensors[1].name} is stopped in Dagster and left the group" in (result.skip_reason.skip_message or "")
+        assert f"{second.member_id} is stopped in Dagster and left the group" in (result.skip_reason.skip_message or "")
         state = resource.member("reader").load()
-        assert state is not None and set(state.members) == {sensors[0].name}
-        assert all(s.owner == sensors[0].name for s in state.shards.values())
+        assert state is not None and set(state.members) == {first.member_id}
+        assert all(s.owner == first.member_id for s in state.shards.values())
 
 
 def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_recorded_by_the_member(
@@ -259,8 +259,8 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         request = driver.request()
         assert request.tags is not None
         instance.add_dynamic_partitions(sgt.partitions_def_name(group), [f"{topic}:0", f"{topic}:1"])
-        launches = resource.member(sensor.name).tick().inflight
-        assert resource.member(sensor.name).commit_run([protocol.report_of(x) for x in launches]).accepted
+        launches = resource.member(driver.member_id).tick().inflight
+        assert resource.member(driver.member_id).commit_run([protocol.report_of(x) for x in launches]).accepted
         create_run_for_test(
             instance,
             status=dg.DagsterRunStatus.FAILURE,

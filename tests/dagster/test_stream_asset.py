@@ -107,7 +107,7 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
                 301,
                 0,
             )
-            assert (m["member"], m["epoch"], m["run_ranges"], m["run_records"]) == (driver.sensor.name, 1, 2, 602)
+            assert (m["member"], m["epoch"], m["run_ranges"], m["run_records"]) == (driver.member_id, 1, 2, 602)
             assert m["rows_seen"] == 602 and m["read_s"] >= 0 and m["process_s"] >= 0
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
         assert checks == {LAG_CHECK: True, PARKED_CHECK: True}
@@ -210,15 +210,15 @@ def test_a_commit_after_a_shard_moved_is_refused_whole_naming_the_new_owner(
         old, new = (SensorDriver(s, instance, resource) for s in sensors_for(asset, members=2))
         stale = old.request()
         assert [s for s, _, _ in ranges_of_request(stale)] == shards
-        assert resource.member(old.sensor.name).leave()
+        assert resource.member(old.member_id).leave()
         time.sleep(0.3)  # the drain timeout passes: the ranges go to the remaining member under new epochs
         moved = new.request()
-        assert moved.tags is not None and moved.tags[sgt.TAG_MEMBER] == new.sensor.name
+        assert moved.tags is not None and moved.tags[sgt.TAG_MEMBER] == new.member_id
         epoch = next(iter(moved.run_config["ops"].values()))["config"]["ranges"][0]["epoch"]
 
         refused = run(asset, instance, resource, spark, stale)
         assert not refused.success
-        assert f"now owned by {new.sensor.name} at epoch {epoch}" in refusal_of(refused)
+        assert f"now owned by {new.member_id} at epoch {epoch}" in refusal_of(refused)
         state = resource.member("reader").load()
         assert state is not None and all(state.shards[s].committed == 0 for s in shards)
         assert resource.backend().committed(group, shards) == dict.fromkeys(shards)

@@ -191,6 +191,11 @@ def assert_secret_absent(secret: str | None, places: list[Path], runs: list[dict
     assert not leaked, f"the access key is written in {leaked}"
 
 
+def sensor_of(member_id: str) -> str:
+    """The member sensor of a member id (``<sensor>@<deployment>``)."""
+    return member_id.partition("@")[0]
+
+
 def backfill_ids(output: str) -> list[str]:
     """The backfill ids `streamgroup backfill` printed (one per range, each with its UI address)."""
     return re.findall(r"/runs/b/([A-Za-z0-9_-]+)", output)
@@ -238,7 +243,8 @@ def run_example_scenario(
         print(f"backlog of {stream.written} records drained after {time.monotonic() - started:.0f} s", flush=True)
         assert_all_produced(stream, marks)
         runs = assert_runs_succeeded(dev)
-        assert {r["tags"].get("streamgroup/member") for r in runs} <= {f"{group}_member_{i}" for i in range(members)}
+        sensors = {f"{group}_member_{i}" for i in range(members)}
+        assert {sensor_of(r["tags"].get("streamgroup/member", "")) for r in runs} <= sensors
         materialized = dev.materializations(ASSET)
         assert_exactly_once(materialized, marks)
         assert_one_partition_per_shard(materialized, marks)
@@ -252,14 +258,16 @@ def run_example_scenario(
         def reowned() -> float | None:
             state = resource.member("e2e").load()
             assert state is not None
-            if stopped in state.members or any(s.owner == stopped for s in state.shards.values()):
+            if any(sensor_of(m) == stopped for m in state.members) or any(
+                sensor_of(s.owner or "") == stopped for s in state.shards.values()
+            ):
                 return None
             return time.monotonic() - stopped_at
 
         reowned_after = wait_for("the stopped member's shards to be re-owned", reowned, 120.0, 1.0)
         print(f"shards of the stopped member re-owned after {reowned_after:.1f} s", flush=True)
         state = resource.member("e2e").load()
-        assert state is not None and set(state.members) == {f"{group}_member_{i}" for i in range(1, members)}
+        assert state is not None and {sensor_of(m) for m in state.members} == sensors - {stopped}
         stream.produce(max(1_000, messages // 25), seed=2)
         marks = wait_for("progress after the stop", lambda: committed_at_high(resource), drain_timeout_s, 2.0)
         assert_all_produced(stream, marks)
