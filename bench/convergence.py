@@ -2,8 +2,10 @@
 
 Default: 200 members x 10,000 shards cold-started together (ticks_to_balance), then one member killed
 (ticks_to_failover), the planning cost of every member tick at that size (max_tick_ms: CPU time of the
-pure transitions, so a noisy machine's preemption is not counted), and >= 1,000 small
-randomized fault scenarios checked for double owners and every other invariant.
+pure transitions, so a noisy machine's preemption is not counted), what each write would cost as a delta
+from the state before it (``protocol/delta.py``: mean and p99 bytes, heartbeat-only writes, against the whole
+state's size), and >= 1,000 small randomized fault scenarios checked for double owners and every other
+invariant.
 Run: python -m bench.convergence [--members 200 --shards 10000 --scenarios 1000]
 """
 
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         produce_per_s=0.002,
         initial_backlog=0,
         cas_latency_s=(0.002, 0.02),
+        measure_deltas=True,
     )
     started = time.perf_counter()
     result = Simulation(big).run()
@@ -81,11 +84,23 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "large_group_violations": len(result.violations),
         "double_owner_violations": double_owner + result.double_owner_violations,
         "invariant_violations": violations + len(result.violations),
+        "state_bytes_median": int(statistics.median(result.state_bytes)) if result.state_bytes else None,
+        "delta_bytes_per_write_mean": round(statistics.fmean(result.delta_bytes)) if result.delta_bytes else None,
+        "delta_bytes_per_write_p99": _p99(result.delta_bytes),
+        "heartbeat_delta_bytes_max": max(result.heartbeat_delta_bytes, default=None),
+        "heartbeat_only_writes": len(result.heartbeat_delta_bytes),
         "scenarios": args.scenarios,
         "failed_seeds": failed[:20],
     }
     print(json.dumps(figures))
     return figures
+
+
+def _p99(values: list[int]) -> int | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.protocol import GroupPolicy, GroupState, Launch, RangeReport, Watermark
+from dagster_streamgroup.protocol import GroupPolicy, GroupState, Launch, RangeReport, Watermark, delta
 from dagster_streamgroup.protocol.assignment import is_assignable
 
 CasTransition = Callable[[GroupState, float], tuple[GroupState, Any]]
@@ -57,6 +57,9 @@ class SimConfig:
     crash_at_s: float | None = None
     """Crash one member at this time (the failover measurement)."""
     check_invariants: bool = True
+    measure_deltas: bool = False
+    """Encode every write as a ``StateDelta`` from the state before it, check it restores the state exactly, and
+    keep its size next to the whole state's (what a store appending deltas would write)."""
 
 
 @dataclass
@@ -75,6 +78,10 @@ class SimResult:
     balanced_at_end: bool
     final_state: GroupState
     tick_ms: list[float] = field(default_factory=list)
+    delta_bytes: list[int] = field(default_factory=list)
+    heartbeat_delta_bytes: list[int] = field(default_factory=list)
+    """Sizes of deltas that only refresh one member's heartbeat."""
+    state_bytes: list[int] = field(default_factory=list)
 
     @property
     def double_owner_violations(self) -> int:
@@ -141,6 +148,9 @@ class Simulation:
         self.crash_time: float | None = None
         self.crash_shards: set[str] = set()
         self.failover_at: float | None = None
+        self.delta_bytes: list[int] = []
+        self.heartbeat_delta_bytes: list[int] = []
+        self.state_bytes: list[int] = []
 
     # -- stream ---------------------------------------------------------------------------------
 
@@ -195,6 +205,9 @@ class Simulation:
             balanced_at_end=balanced,
             final_state=self.state,
             tick_ms=self.tick_ms,
+            delta_bytes=self.delta_bytes,
+            heartbeat_delta_bytes=self.heartbeat_delta_bytes,
+            state_bytes=self.state_bytes,
         )
 
     # -- faults ---------------------------------------------------------------------------------
@@ -378,10 +391,28 @@ class Simulation:
             self.state, self.version = new_state, self.version + 1
             if self.cfg.check_invariants:
                 self._check_step(previous, self.state)
+            if self.cfg.measure_deltas:
+                self._measure_delta(previous, self.state)
             self._observe(self.state)
             done(result)
 
         self.at(self.now + latency, save)
+
+    def _measure_delta(self, before: GroupState, after: GroupState) -> None:
+        after = after.model_copy(update={"revision": before.revision + 1})
+        change = delta.diff(before, after)
+        if delta.apply(before, change) != after:
+            self.violations.append(f"delta of revision {after.revision} does not restore the state")
+        size = len(delta.encode_delta(change))
+        self.delta_bytes.append(size)
+        if (
+            set(change.model_dump(exclude_defaults=True)) <= {"base_revision", "revision", "members_set"}
+            and len(change.members_set) == 1
+            and all(before.members.get(m) is not None for m in change.members_set)
+        ):
+            self.heartbeat_delta_bytes.append(size)
+        if len(self.state_bytes) < 50 or len(self.delta_bytes) % 50 == 0:
+            self.state_bytes.append(len(protocol.encode_state(after)))
 
     # -- invariants -----------------------------------------------------------------------------
 

@@ -204,3 +204,16 @@ def test_cold_start_and_failover_converge_within_their_bounds() -> None:
     assert result.ticks_to_balance is not None and result.ticks_to_balance <= 3
     assert result.ticks_to_failover is not None
     assert result.ticks_to_failover <= policy.session_timeout_s / policy.heartbeat_interval_s + 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=10_000))
+def test_every_write_is_restored_exactly_from_its_delta(seed: int) -> None:
+    """A store may append what a write changed instead of the whole state: the delta of every write of random
+    fault scenarios restores the state exactly, and a heartbeat is a few hundred bytes at most."""
+    config = random_scenario(seed)
+    config.measure_deltas = True
+    result = Simulation(config).run()
+    assert result.violations == []
+    assert result.delta_bytes
+    assert all(size < 1_000 for size in result.heartbeat_delta_bytes)
