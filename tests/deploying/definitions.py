@@ -4,7 +4,7 @@ import dagster as dg
 
 
 @dg.asset
-def greeting() -> dg.MaterializeResult:
+def greeting() -> dg.MaterializeResult[None]:
     """Materialized by every run of ``greeting_job``: one event a test can find in the instance's tables."""
     return dg.MaterializeResult(metadata={"words": 2})
 
