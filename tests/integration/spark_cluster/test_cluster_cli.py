@@ -3,6 +3,7 @@ and leaves nothing behind when stopped with SIGTERM; bad options are refused nam
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import signal
@@ -68,3 +69,29 @@ def test_the_command_runs_a_cluster_until_sigterm(tmp_path: Path) -> None:
         assert procfs.alive(tree) == []
     finally:
         stop_process_tree(command.pid, timeout_s=10)
+
+
+def test_the_docs_examples_are_valid_configurations() -> None:
+    """docs/spark_cluster.md's Python examples compile, and each resource it shows validates (no session starts:
+    the resource is lazy)."""
+    from dagster_streamgroup.dagster.spark_session import StreamSparkResource
+
+    text = (Path(__file__).parents[3] / "docs" / "spark_cluster.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) == 2
+    for block in blocks:
+        compile(block, "docs/spark_cluster.md", "exec")
+    namespace: dict[str, object] = {}
+    shown = []
+    for statement in ast.parse(blocks[0]).body:
+        exec(compile(ast.Module([statement], []), "docs/spark_cluster.md", "exec"), namespace)
+        if isinstance(statement, ast.Assign):
+            shown.append(namespace["spark"])
+    assert all(isinstance(r, StreamSparkResource) for r in shown)
+    targets = [(r.master, r.remote) for r in shown if isinstance(r, StreamSparkResource)]
+    assert targets == [
+        ("spark://spark-master.internal:7077", None),
+        ("yarn", None),
+        ("k8s://https://kubernetes.default.svc:443", None),
+        ("local[*]", "sc://spark-connect.internal:15002"),
+    ]
