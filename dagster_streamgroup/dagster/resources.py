@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
@@ -160,6 +160,17 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
 
     def _from_env_var(self, name: str) -> bool:
         return name in _env_var_fields.get()
+
+    @field_validator("heartbeat_interval_s")
+    @classmethod
+    def _whole_seconds(cls, value: float) -> float:
+        # The member sensors tick at this interval, and Dagster ticks sensors on whole seconds: a fractional
+        # value would be rounded for the sensor while the session timeout still counts the unrounded one.
+        if value < 1 or value != int(value):
+            raise ValueError(
+                f"must be a whole number of seconds >= 1 (Dagster ticks sensors on whole seconds), got {value:g}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_group_fields(self) -> StreamGroupResource:
@@ -334,6 +345,18 @@ class V3ioStreamGroup(StreamGroupResource):
     def _check_store_url(self, url: str) -> None:
         if url != STORE_NEXT_TO_STREAM:
             super()._check_store_url(url)
+
+    def member(self, member_id: str) -> GroupMember:
+        """The member, once the stream's own group of this name is known not to be a v3io-go/Nuclio one.
+
+        Checked at every tick and run, whatever the store: such a group may appear beside a group of ours
+        that already runs, and its shard attributes are where our offsets are mirrored."""
+        from dagster_streamgroup.streams.v3io import V3ioBackend
+
+        backend = self.backend()
+        if isinstance(backend, V3ioBackend):
+            backend.check_group_is_ours(self.group)
+        return super().member(member_id)
 
     def store(self) -> StateStore:
         if self.resolved_store_url() != STORE_NEXT_TO_STREAM:

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import InitResourceContext
+from dagster import EnvVar, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, model_validator
 
-from dagster_streamgroup.spark.session import LOCAL_CONF, prepare_environment, with_arrow_java_options
+from dagster_streamgroup.spark.session import (
+    LOCAL_CONF,
+    connect_address,
+    prepare_environment,
+    wait_for_connect_server,
+    with_arrow_java_options,
+)
 
 LOCAL_DEFAULTS: dict[str, str] = {**LOCAL_CONF, "spark.sql.shuffle.partitions": "8"}
 
@@ -29,14 +35,28 @@ class StreamSparkResource(LazyPySparkResource):
         default=None, description="A Spark Connect server (sc://host:port); when set, master is not used."
     )
     spark_config: dict[str, Any] = Field(default_factory=dict, description="Extra Spark properties.")
+    connect_timeout_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long a run waits for the Spark Connect server to accept connections before it fails "
+        "(a restart of the server takes about 20 s; the Connect client alone would retry for about 10 minutes).",
+    )
 
-    @model_validator(mode="after")
-    def _check_target(self) -> StreamSparkResource:
-        if self.remote is not None and not str(self.remote).startswith("sc://"):
-            raise ValueError(f"remote: must be a Spark Connect URL sc://host:port, got {self.remote!r}")
-        if self.remote is None and not str(self.master).strip():
+    @model_validator(mode="before")
+    @classmethod
+    def _check_target(cls, data: Any) -> Any:
+        # Before validation, where a dagster.EnvVar is still itself: one is checked once it resolves (in the
+        # run), never by its variable's name. A Connect URL may carry a token, so EnvVar is the way to pass it.
+        if not isinstance(data, dict):
+            return data
+        remote, master = data.get("remote"), data.get("master")
+        if isinstance(remote, str) and not isinstance(remote, EnvVar):
+            if not remote.startswith("sc://"):
+                raise ValueError("remote: must be a Spark Connect URL sc://host:port (it does not start with sc://)")
+            connect_address(remote)
+        if remote is None and isinstance(master, str) and not isinstance(master, EnvVar) and not master.strip():
             raise ValueError("master: must be a Spark master URL such as local[*]")
-        return self
+        return data
 
     def effective_config(self) -> dict[str, Any]:
         if self.remote is not None:
@@ -50,6 +70,7 @@ class StreamSparkResource(LazyPySparkResource):
             prepare_environment()
             builder = SparkSession.builder
             if self.remote is not None:
+                wait_for_connect_server(self.remote, self.connect_timeout_s)
                 builder = builder.remote(self.remote)
                 config = dict(self.spark_config)
             else:

@@ -7,11 +7,14 @@ on loopback only, and needs no UI for batch reads."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import time
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+DEFAULT_CONNECT_PORT = 15002
 LOCAL_CONF: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
@@ -33,6 +36,48 @@ def with_arrow_java_options(conf: Mapping[str, str]) -> dict[str, str]:
     key = "spark.driver.extraJavaOptions"
     own = conf.get(key, "").strip()
     return {**conf, key: f"{ARROW_JAVA_OPTIONS} {own}".strip()}
+
+
+class SparkConnectUnavailableError(ConnectionError):
+    """The Spark Connect server a run needs does not accept connections."""
+
+
+def connect_address(remote: str) -> tuple[str, int]:
+    """(host, port) of a Spark Connect URL ``sc://host[:port][/;param=value...]`` (15002 by default)."""
+    authority = shown_remote(remote).removeprefix("sc://")
+    host, sep, port = authority.rpartition(":")
+    if not sep:
+        host, port = authority, str(DEFAULT_CONNECT_PORT)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"remote: {shown_remote(remote)!r} is not sc://HOST[:PORT]")
+    return host.strip("[]"), int(port)
+
+
+def shown_remote(remote: str) -> str:
+    """``sc://host:port`` of a Connect URL, without its parameters (``;token=...`` may be a secret)."""
+    return "sc://" + remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+
+
+def wait_for_connect_server(remote: str, timeout_s: float, *, poll_s: float = 0.5) -> None:
+    """Return once the Connect server accepts a TCP connection, or raise after ``timeout_s``.
+
+    The Connect client retries an unreachable server for about ten minutes before it fails, so a run started
+    while the server is down would hang that long and then fail with a gRPC error. Waiting here covers a
+    server restart (about 20 s) and otherwise fails soon, naming the server."""
+    host, port = connect_address(remote)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(timeout_s, 0.1))):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise SparkConnectUnavailableError(
+                    f"remote: the Spark Connect server {shown_remote(remote)} does not accept connections "
+                    f"({exc.strerror or exc}) after {timeout_s:g} s; start it (streamgroup local spark-connect "
+                    f"--port {port}) or point remote at a running one. Nothing was read or committed."
+                ) from None
+        time.sleep(poll_s)
 
 
 def prepare_environment() -> None:

@@ -169,7 +169,13 @@ class SqlStateStore:
                 hide_parameters=True,
             )
         assert parsed.database is not None
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        directory = Path(parsed.database).expanduser().parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreConfigError(
+                f"store URL {self._safe_url!r}: cannot create the SQLite file's directory {directory}: {exc.strerror}"
+            ) from None
         engine = create_engine(
             parsed,
             isolation_level="AUTOCOMMIT",

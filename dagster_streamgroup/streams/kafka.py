@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -252,7 +252,7 @@ def messages_to_batch(
     )
 
 
-def _describe_incomplete(progress: Sequence[_Progress], waited_s: float) -> str:
+def _describe_incomplete(progress: Sequence[_Progress], waited_s: float, client_errors: Sequence[str] = ()) -> str:
     parts = []
     for p in progress:
         if p.done:
@@ -269,6 +269,7 @@ def _describe_incomplete(progress: Sequence[_Progress], waited_s: float) -> str:
         + "; ".join(parts)
         + ". The range may have been planned past the data (e.g. the log was truncated), or the broker is "
         "unreachable; nothing was committed."
+        + (f" The Kafka client reported: {'; '.join(client_errors)}" if client_errors else "")
     )
 
 
@@ -313,7 +314,14 @@ def read_ranges(
     single_topic = next(iter(topics)) if len(topics) == 1 else None
     single = progress[0] if len(progress) == 1 else None
 
-    consumer = Consumer(reader_config(client_config))
+    client_errors: list[str] = []
+
+    def on_error(err: KafkaError) -> None:
+        # Client-level errors (a record larger than receive.message.max.bytes, a refused SASL login, a broker
+        # gone) never reach consume(): kept so that a stalled range can say what the client saw.
+        client_errors[:] = [*client_errors[-2:], str(err.str())]
+
+    consumer = new_client(Consumer, {**reader_config(client_config), "error_cb": on_error})
     try:
         for p in progress:
             tp = TopicPartition(p.range.topic, p.range.partition)
@@ -348,12 +356,16 @@ def read_ranges(
                             last_progress = now
                         else:
                             p_eof.eof_at = eof_offset
+                    elif msg.topic() is None and not err.fatal():
+                        # The client's own trouble (a broker connection lost, a response over a size limit):
+                        # librdkafka retries it, and a range that stops progressing fails with these errors.
+                        on_error(err)
                     else:
                         _raise_read_error(consumer, err, msg, progress)
                 msgs = data
             if not msgs:
                 if now - last_progress > stall_timeout_s:
-                    raise RangeIncompleteError(_describe_incomplete(progress, now - last_progress))
+                    raise RangeIncompleteError(_describe_incomplete(progress, now - last_progress, client_errors))
                 continue
             last_progress = now
             batch = _BatchIndex.of(msgs, single, single_topic)
@@ -411,7 +423,7 @@ class KafkaBackend:
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(self.config.client_config())
+            self._admin = new_client(AdminClient, self.config.client_config())
         return self._admin
 
     def _topic_partition(self, shard: str, offset: int | None = None) -> TopicPartition:
@@ -433,20 +445,74 @@ class KafkaBackend:
             shards.extend(shard_id(topic, p) for p in sorted(meta.partitions))
         return shards
 
-    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], what: str) -> dict[str, int]:
+    def _offsets(
+        self, specs: dict[TopicPartition, OffsetSpec], what: str
+    ) -> tuple[dict[str, int], dict[str, KafkaException]]:
+        """ListOffsets per shard, with the partitions that failed apart: one vanished partition must not hide
+        the offsets of the others."""
         if not specs:
-            return {}
+            return {}, {}
         isolation = str(self.config.properties.get("isolation.level", "read_committed"))
         level = IsolationLevel.READ_UNCOMMITTED if isolation == "read_uncommitted" else IsolationLevel.READ_COMMITTED
         with _wrapped(what):
             futures = self.admin.list_offsets(specs, isolation_level=level, request_timeout=self.request_timeout_s)
-            return {shard_id(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+        found: dict[str, int] = {}
+        failed: dict[str, KafkaException] = {}
+        for tp, future in futures.items():
+            shard = shard_id(tp.topic, tp.partition)
+            try:
+                found[shard] = int(future.result().offset)
+            except KafkaException as exc:
+                failed[shard] = exc
+        return found, failed
+
+    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], what: str) -> dict[str, int]:
+        found, failed = self._offsets(specs, what)
+        for shard, exc in failed.items():
+            raise StreamError(f"{what} of {shard}: {_error_text(exc)}") from exc
+        return found
+
+    def _vanished(self, shards: Sequence[str]) -> set[str]:
+        """The shards whose partition no longer exists although its topic does (deleted and recreated with
+        fewer partitions). A missing topic is an error, never an empty stream."""
+        with _wrapped("listing the stream's partitions"):
+            metadata = self.admin.list_topics(timeout=self.request_timeout_s)
+        gone = set()
+        for shard in shards:
+            topic, partition = parse_shard(shard)
+            meta = metadata.topics.get(topic)
+            if meta is None or meta.error is not None:
+                raise StreamError(f"topic {topic!r} does not exist on {self.config.bootstrap_servers}")
+            if partition not in meta.partitions:
+                gone.add(shard)
+        return gone
 
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
+        """Low and high watermarks. A partition that no longer exists holds no records: ``(0, 0)``, so a group
+        whose offsets are past that end launches nothing there and parks the shard with an event, while its
+        other shards go on. An offset the broker could not give (a timed-out request answers -1001 without
+        an error) is an error, never a watermark."""
         tps = [self._topic_partition(s) for s in shards]
-        lows = self._list_offsets({tp: _spec_earliest() for tp in tps}, "reading low watermarks")
-        highs = self._list_offsets({tp: _spec_latest() for tp in tps}, "reading high watermarks")
-        return {s: Watermarks(lows[s], highs[s]) for s in shards}
+        lows, low_errors = self._offsets({tp: _spec_earliest() for tp in tps}, "reading low watermarks")
+        highs, high_errors = self._offsets({tp: _spec_latest() for tp in tps}, "reading high watermarks")
+        failed = {**low_errors, **high_errors}
+        missing = [s for s, exc in failed.items() if _error_code(exc) in _UNKNOWN_PARTITION_CODES]
+        gone = self._vanished(missing) if missing else set()
+        out: dict[str, Watermarks] = {}
+        for shard in shards:
+            if shard in gone:
+                out[shard] = Watermarks(0, 0)
+            elif shard in failed:
+                exc = failed[shard]
+                raise StreamError(f"reading the watermarks of {shard}: {_error_text(exc)}") from exc
+            elif lows[shard] < 0 or highs[shard] < 0:
+                raise StreamError(
+                    f"reading the watermarks of {shard}: the broker gave no offset (low {lows[shard]}, high "
+                    f"{highs[shard]}); the request timed out or the partition has no leader"
+                )
+            else:
+                out[shard] = Watermarks(lows[shard], highs[shard])
+        return out
 
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
         _check_group(group)
@@ -478,13 +544,14 @@ class KafkaBackend:
         tps = {shard: self._topic_partition(shard) for shard in offsets}
         if not tps:
             return {}
-        consumer = Consumer(
+        consumer = new_client(
+            Consumer,
             {
                 **self.config.client_config(),
                 "group.id": group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-            }
+            },
         )
         try:
             with _wrapped(f"reading the committed offsets of group {group!r}"):
@@ -509,7 +576,9 @@ class KafkaBackend:
         found = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms)}, f"looking up a time in {shard}")
         if found[shard] >= 0:
             return found[shard]
-        return self._list_offsets({tp: _spec_latest()}, f"reading the high watermark of {shard}")[shard]
+        if found[shard] != _NO_RECORD_AT_TIME:
+            raise StreamError(f"looking up a time in {shard}: the broker gave no offset ({found[shard]})")
+        return self.watermarks([shard])[shard].high
 
     def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
         tp = self._topic_partition(shard)
@@ -530,6 +599,33 @@ def _spec_earliest() -> OffsetSpec:
 
 def _spec_latest() -> OffsetSpec:
     return cast(OffsetSpec, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+
+
+_UNKNOWN_PARTITION_CODES = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+_NO_RECORD_AT_TIME = -1
+"""What ListOffsets answers for a time after every record (Kafka's -1)."""
+
+C = TypeVar("C", Consumer, AdminClient)
+
+
+def new_client(kind: type[C], config: Mapping[str, Any]) -> C:
+    """A client, or a ``StreamError`` naming ``properties`` when librdkafka refuses the configuration (an unknown
+    property, a bad value, limits that contradict each other): the user's properties are passed through
+    untouched, so librdkafka is the one that can check them."""
+    try:
+        return kind(dict(config))
+    except KafkaException as exc:
+        raise StreamError(f"properties: librdkafka refused the configuration: {_error_text(exc)}") from exc
+
+
+def _error_code(exc: KafkaException) -> int | None:
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return None if err is None else int(err.code())
+
+
+def _error_text(exc: KafkaException) -> str:
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return str(err.str()) if err is not None else str(exc)
 
 
 def _check_group(group: str) -> None:

@@ -15,6 +15,7 @@ lower value can never move the attribute backwards.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ import pyarrow as pa
 import v3io.dataplane
 from v3io.dataplane.response import HttpResponseError
 
+from dagster_streamgroup.protocol.state import STATE_KIND
 from dagster_streamgroup.streams.base import (
     CommitRejectedError,
     OffsetOutOfRangeError,
@@ -48,6 +50,21 @@ FIRST_SEQUENCE = 1
 MAX_RECORDS_PER_REQUEST = 10_000
 NEVER = v3io.dataplane.RaiseForStatus.never
 _CONDITION_FALSE = "16777244"
+
+
+STATE_ATTRIBUTE = "state"
+"""Where v3io-go keeps a group's state in its state item (and our v3io store keeps ours)."""
+STATE_KIND_ATTRIBUTE = "state_kind"
+"""Marks the state items our v3io store writes (``stores/v3io.py``)."""
+
+
+class ForeignGroupError(CommitRejectedError):
+    """A consumer group of this name is kept next to the stream by other consumers (v3io-go/Nuclio)."""
+
+
+def group_state_item(group: str) -> str:
+    """The item v3io-go keeps a group's state in, beside the stream's shards (``getStateFilePath``)."""
+    return f"{check_group(group)}-state.json"
 
 
 def committed_attribute(group: str) -> str:
@@ -125,18 +142,15 @@ class V3ioStream:
 
     def shard_attributes(self, shard: int, names: Sequence[str]) -> dict[str, Any] | None:
         """The shard object's attributes, or None when the shard has no object yet (no record written)."""
-        response = self._call(
-            f"reading shard {shard}",
-            self.client.kv.get,
-            self.container,
-            self.path,
-            str(shard),
-            attribute_names=list(names),
-        )
+        return self.item_attributes(str(shard), names, what=f"reading shard {shard}")
+
+    def item_attributes(self, name: str, names: Sequence[str], *, what: str) -> dict[str, Any] | None:
+        """Attributes of the item ``name`` in the stream's directory, or None when there is no such item."""
+        response = self._call(what, self.client.kv.get, self.container, self.path, name, attribute_names=list(names))
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise self._fail(f"reading shard {shard}", response)
+            raise self._fail(what, response)
         item: dict[str, Any] = response.output.item
         return item
 
@@ -303,7 +317,45 @@ class V3ioBackend:
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
         return {shard: self.stream.watermarks(parse_shard(shard)) for shard in shards}
 
+    def check_group_is_ours(self, group: str) -> None:
+        """Refuse a consumer group that v3io-go/Nuclio consumers (or anything not ours) keep next to this stream.
+
+        v3io-go keeps a group's state in the item ``<group>-state.json`` beside the shards and its progress in
+        the shards' ``__<group>_committed_sequence_number`` attributes, the ones our offsets are mirrored to.
+        Whatever store holds our own state, a same-named group of theirs must never have those attributes
+        read as ours or pushed forward. Our own state item (``store_url="v3io"``) carries ``state_kind``."""
+        name = group_state_item(group)
+        what = f"reading the state item {name} of group {group!r}"
+        marked = self.stream.item_attributes(name, [STATE_KIND_ATTRIBUTE], what=what)
+        if marked is None or marked.get(STATE_KIND_ATTRIBUTE) == STATE_KIND:
+            return
+        item = self.stream.item_attributes(name, [STATE_ATTRIBUTE], what=what)
+        text = None if item is None else item.get(STATE_ATTRIBUTE)
+        if not isinstance(text, str):
+            return  # an item without a group state manages nothing
+        where = f"{self.stream_id}: item {self.config.container}/{self.config.stream_path}/{name}"
+        attribute = committed_attribute(group)
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            raw = None
+        if isinstance(raw, dict) and raw.get("kind") == STATE_KIND:
+            return  # ours, written by a version that did not mark the item
+        if isinstance(raw, dict) and "session_states" in raw:
+            raise ForeignGroupError(
+                f"{where}: consumer group {group!r} of this stream is managed by v3io-go/Nuclio consumers (this is "
+                f"their group state); dagster-streamgroup will neither read nor move their {attribute} shard "
+                "attributes, whatever store_url says. Use another group name, or stop those consumers and delete "
+                "the item to hand the group over."
+            )
+        raise ForeignGroupError(
+            f"{where}: the state item of consumer group {group!r} holds something that is not a dagster-streamgroup "
+            f"group state; the group's {attribute} shard attributes may belong to another consumer, so they are "
+            "neither read nor moved. Use another group name."
+        )
+
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
+        self.check_group_is_ours(group)
         attribute = committed_attribute(group)
         out: dict[str, int | None] = {}
         for shard in shards:
@@ -318,6 +370,8 @@ class V3ioBackend:
         A shard with no records yet has no object to hold the attribute: a commit at its start
         (offset <= 1, nothing processed) is left out of the result; a larger one is refused."""
         attribute = committed_attribute(group)
+        if offsets:
+            self.check_group_is_ours(group)
         effective: dict[str, int] = {}
         for shard, offset in offsets.items():
             number = parse_shard(shard)
