@@ -10,11 +10,13 @@ from collections.abc import Callable
 
 from dagster_streamgroup.stores.base import StateStore, StoreConfigError
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.stores.sql import SqlStateStore, normalize_url, safe_url
+from dagster_streamgroup.stores.sql import normalize_url, safe_url
 
 
 def _open_sql(url: str) -> StateStore:
-    return SqlStateStore(url)
+    from dagster_streamgroup.stores.sql_log import LoggedSqlStateStore
+
+    return LoggedSqlStateStore(url)
 
 
 def _open_memory(url: str) -> StateStore:

@@ -1,0 +1,278 @@
+"""The SQL state store as a log: each write appends what it changed; the whole state is written now and then.
+
+At 200 members x 10,000 shards the state is megabytes while a tick changes a heartbeat and a few shards:
+rewriting the whole object on every tick of every member is most of a store's load. So a write appends one
+row to ``<table>_log`` at version ``v + 1``: the ``StateDelta`` from the version the writer loaded
+(``protocol/delta.py``), or the whole state when no delta joins them. The primary key ``(key, version)`` is the
+compare-and-set: of two writers that loaded version ``v``, one inserts ``v + 1`` and the other's insert is
+refused. The insert also requires the base row to be ours and not newer (``kind``, ``schema_version``), so a
+foreign or newer object is never built upon. Once the appended rows outweigh half the state, the writer
+folds them into the base row (``version``, ``body``), and deletes the rows the previous fold had already
+covered; a reader that read the base before a fold still finds the rows it needs, and one that finds a gap
+reads again.
+
+The store remembers the last state it loaded or wrote per key, so a member reads only the rows appended since
+(Pravega's state synchronizer keeps a revisioned copy the same way).
+
+A base row written by an earlier version of this store (schema below 3, no log) is first rewritten whole at
+the current schema, as that version would: a member of the earlier version then refuses the state instead of
+updating a base row that the log has moved past.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import BigInteger, Column, MetaData, Table, Text, delete, exists, literal, select, update
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.schema import CreateTable
+
+from dagster_streamgroup.protocol import delta
+from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
+from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
+from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
+from dagster_streamgroup.stores.sql import _UNREACHABLE, DEFAULT_TABLE, SqlStateStore
+
+FOLD_FRACTION = 0.5
+"""Fold the log into the base row once the rows appended since weigh this much of the state."""
+MIN_FOLD_BYTES = 64_000
+"""... and at least this much: a small state is cheap to read with its log."""
+MAX_GAP_RETRIES = 3
+
+
+def log_table(name: str) -> Table:
+    return Table(
+        name,
+        MetaData(),
+        Column("key", Text, primary_key=True),
+        Column("version", BigInteger, primary_key=True),
+        Column("body", Text, nullable=False),
+    )
+
+
+@dataclass
+class _Known:
+    """What this store last saw of a key: the state at ``version``, and the base row it was built on."""
+
+    version: int
+    state: GroupState
+    base_version: int
+    appended_bytes: int
+    """Bytes of the log rows after the base row."""
+    state_bytes: int
+
+
+class _GapError(Exception):
+    """The log rows after the base row this reader saw were folded meanwhile."""
+
+
+class LoggedSqlStateStore(SqlStateStore):
+    """``SqlStateStore`` whose writes append deltas (see the module docstring)."""
+
+    def __init__(self, url: str, *, table: str = DEFAULT_TABLE) -> None:
+        self._log = log_table(f"{table}_log")
+        self._known: dict[str, _Known] = {}
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+        """Bytes of state and delta bodies this store wrote (what its writes cost the database)."""
+        super().__init__(url, table=table)
+
+    def __repr__(self) -> str:
+        return f"LoggedSqlStateStore({self.url!r}, table={self._table.name!r})"
+
+    def _ensure_table(self) -> None:
+        super()._ensure_table()
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(CreateTable(self._log, if_not_exists=True))
+        except DBAPIError:
+            pass  # created by a concurrent member, or unreachable: the first load says which
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def load(self, key: str) -> tuple[GroupState | None, StateToken | None]:
+        for _ in range(MAX_GAP_RETRIES):
+            try:
+                known = self._read(key)
+            except _GapError:
+                with self._lock:
+                    self._known.pop(key, None)
+                continue
+            except _UNREACHABLE as exc:
+                raise self._unavailable(f"load {key!r}", exc) from exc
+            if known is None:
+                return None, None
+            return known.state, str(known.version)
+        raise StoreUnavailableError(
+            f"state store {self.url}: cannot load {key!r}: its log was folded under every one of "
+            f"{MAX_GAP_RETRIES} reads"
+        )
+
+    def _read(self, key: str) -> _Known | None:
+        t, log = self._table, self._log
+        with self._lock:
+            cached = self._known.get(key)
+        with self._engine.connect() as conn:
+            base = conn.execute(select(t.c.version, t.c.kind, t.c.schema_version).where(t.c.key == key)).one_or_none()
+            if base is None:
+                return None
+            if cached is not None and cached.version >= base.version and cached.base_version <= base.version:
+                state, version = cached.state, cached.version
+                appended = cached.appended_bytes if cached.base_version == base.version else 0
+                state_bytes = cached.state_bytes
+            else:
+                body = conn.execute(select(t.c.body).where(t.c.key == key)).scalar_one()
+                state = decode_state(body, where=self._where(key))
+                version, appended, state_bytes = int(base.version), 0, len(body)
+            rows = conn.execute(
+                select(log.c.version, log.c.body)
+                .where(log.c.key == key, log.c.version > version)
+                .order_by(log.c.version)
+            ).all()
+        for row in rows:
+            if row.version != version + 1:
+                raise _GapError()
+            state = self._applied(key, state, row.body)
+            version = int(row.version)
+            appended += len(row.body)
+        known = _Known(version, state, int(base.version), appended, state_bytes)
+        with self._lock:
+            self._known[key] = known
+        return known
+
+    def _applied(self, key: str, state: GroupState, body: str) -> GroupState:
+        raw = json.loads(body)
+        if "state" in raw:
+            return decode_state(json.dumps(raw["state"]), where=self._where(key))
+        try:
+            change = delta.StateDelta.model_validate(raw["delta"])
+        except Exception as exc:  # a row written by a newer version, or damaged
+            raise ForeignStateError(
+                f"{self._where(key)}: a logged change cannot be read ({exc}); refusing to write"
+            ) from exc
+        return delta.apply(state.model_copy(update={"revision": change.base_revision}), change)
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def save_if(self, key: str, state: GroupState, token: StateToken | None) -> bool:
+        try:
+            if token is None:
+                body = encode_state(state)
+                created = self._create(key, state, body)
+                if created:
+                    self.bytes_written += len(body)
+                    with self._lock:
+                        self._known[key] = _Known(1, state, 1, 0, len(body))
+                return created
+            return self._append(key, state, _version_of(token))
+        except _UNREACHABLE as exc:
+            raise self._unavailable(f"save {key!r}", exc) from exc
+
+    def _append(self, key: str, state: GroupState, version: int) -> bool:
+        with self._lock:
+            known = self._known.get(key)
+        if known is None or known.version != version:
+            try:
+                self._read(key)
+            except _GapError:
+                return False
+            with self._lock:
+                known = self._known.get(key)
+            if known is None or known.version != version:
+                return False  # the state moved on since the token was issued
+        if self._base_is_old(key):
+            return self._rewrite_base(key, state, version)
+        body = self._log_body(known.state, state)
+        t, log = self._table, self._log
+        ours = exists().where(t.c.key == key, t.c.kind == STATE_KIND, t.c.schema_version <= SCHEMA_VERSION)
+        insert = pg_dialect.insert if self._is_postgres else sqlite_dialect.insert
+        stmt = (
+            insert(log)
+            .from_select(
+                ["key", "version", "body"], select(literal(key), literal(version + 1), literal(body)).where(ours)
+            )
+            .on_conflict_do_nothing(index_elements=["key", "version"])
+            .returning(log.c.version)
+        )
+        with self._engine.connect() as conn:
+            written = conn.execute(stmt).scalar_one_or_none() is not None
+        if not written:
+            self._refuse_if_not_ours(key)
+            return False
+        self.bytes_written += len(body)
+        appended = known.appended_bytes + len(body)
+        with self._lock:
+            self._known[key] = _Known(version + 1, state, known.base_version, appended, known.state_bytes)
+        if appended >= max(MIN_FOLD_BYTES, FOLD_FRACTION * known.state_bytes):
+            self._fold(key, state, version + 1, known.base_version)
+        return True
+
+    @staticmethod
+    def _log_body(before: GroupState, after: GroupState) -> str:
+        try:
+            change = delta.diff(before, after)
+        except ValueError:  # another group's state, or shards removed: no delta joins them
+            return json.dumps({"state": json.loads(encode_state(after))}, separators=(",", ":"))
+        return '{"delta":' + delta.encode_delta(change) + "}"
+
+    def _base_is_old(self, key: str) -> bool:
+        t = self._table
+        with self._engine.connect() as conn:
+            schema = conn.execute(select(t.c.schema_version).where(t.c.key == key)).scalar_one_or_none()
+        return schema is not None and schema < SCHEMA_VERSION
+
+    def _rewrite_base(self, key: str, state: GroupState, version: int) -> bool:
+        body = encode_state(state)
+        written = self._update(key, state, body, version)
+        if written:
+            self.bytes_written += len(body)
+            with self._lock:
+                self._known[key] = _Known(version + 1, state, version + 1, 0, len(body))
+        return written
+
+    def _fold(self, key: str, state: GroupState, version: int, previous_base: int) -> None:
+        """Write the state at ``version`` as the base row, then drop the rows the previous base covered.
+
+        Conditional on the base row still being the one this writer built on, so of two members folding at
+        once only one writes; a fold that loses changes nothing but costs nothing either."""
+        t, log = self._table, self._log
+        body = encode_state(state)
+        stmt = (
+            update(t)
+            .where(t.c.key == key, t.c.version == previous_base, t.c.kind == STATE_KIND)
+            .values(version=version, schema_version=state.schema_version, body=body)
+            .returning(t.c.version)
+        )
+        with self._engine.connect() as conn:
+            if conn.execute(stmt).scalar_one_or_none() is None:
+                return
+            conn.execute(delete(log).where(log.c.key == key, log.c.version <= previous_base))
+        self.bytes_written += len(body)
+        with self._lock:
+            self._known[key] = _Known(version, state, version, 0, len(body))
+
+    def _refuse_if_not_ours(self, key: str) -> None:
+        """A refused append is a conflict, unless the base row is not a state this version may build on."""
+        t = self._table
+        with self._engine.connect() as conn:
+            row = conn.execute(select(t.c.kind, t.c.schema_version, t.c.body).where(t.c.key == key)).one_or_none()
+        if row is None or (row.kind == STATE_KIND and row.schema_version <= SCHEMA_VERSION):
+            return
+        decode_state(row.body, where=self._where(key))
+        raise ForeignStateError(
+            f"{self._where(key)}: the row is marked as not a readable dagster-streamgroup state; "
+            "refusing to overwrite it"
+        )
+
+
+def _version_of(token: StateToken) -> int:
+    try:
+        return int(token)
+    except (TypeError, ValueError):
+        raise StoreConfigError(
+            f"token {token!r} is not a version issued by a SQL store (expected the string of an integer)"
+        ) from None
