@@ -2,7 +2,8 @@
 tests/fixtures/spark_cluster.py). Through ``StreamSparkResource(master="spark://...")`` every partition of a read
 is read inside an executor process of the workers, never in the driver, and each read returns the rows of the same
 read in local mode, row for row and in the same order: Kafka ranges of several partitions with a large range split
-(``read_kafka_ranges``), one split range through ``read_kafka_range`` (dagster/spark_read.py), and v3io ranges.
+(``read_kafka_ranges``), one split range through ``read_kafka_range`` (dagster/spark_read.py), v3io ranges, and a
+stream asset's run as a member sensor requests it (its function sees the same rows, and the run commits).
 
 The reads run once per mode in a module fixture (a session per mode, in this process: the local one first, then
 the cluster one); the tests check what they recorded. Where each partition was read comes from the project's data
@@ -11,15 +12,18 @@ sources wrapped by tests/integration/spark_cluster/recording.py."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, stream_asset
 from dagster_streamgroup.dagster.spark_read import read_kafka_range
 from dagster_streamgroup.dagster.spark_session import StreamSparkResource
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
@@ -54,6 +58,8 @@ class Data:
     v3io: V3ioStreamConfig
     v3io_ranges: dict[str, tuple[int, int]]
     v3io_written: dict[int, list[bytes]]
+    asset_ranges: dict[str, tuple[int, int]]
+    """What a stream-asset run of a new group reads: every partition, from its start."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,15 @@ class Read:
 
 
 @dataclass(frozen=True)
+class AssetRun:
+    """One stream-asset run: the Spark partitions it read, where, the rows its function saw, its commit."""
+
+    read: Read
+    success: bool
+    committed: dict[str, int | None]
+
+
+@dataclass(frozen=True)
 class Leg:
     """All reads of one mode, and the processes of that session."""
 
@@ -74,6 +89,7 @@ class Leg:
     driver_jvm_pid: int
     executors: list[ExecutorProcess]
     reads: dict[str, Read]
+    asset: AssetRun
 
 
 def _read_plans(data: Data) -> dict[str, tuple[Callable[[SparkSession], DataFrame], list[ShardRange]]]:
@@ -141,18 +157,74 @@ def data(kafka_bootstrap: str, v3io_server: V3ioServerInfo) -> Iterator[Data]:
             ),
             v3io_ranges={"0": (1, 1501), "1": (1, 3)},  # v3io sequence numbers start at 1
             v3io_written=written,
+            asset_ranges={f"{topic}:{p}": (0, end) for p, end in ({**ends, 1: extra[-1] + 1}).items()},
         )
     finally:
         client.close()
         topics.cleanup()
 
 
-def _run_leg(spark: SparkSession, data: Data, directory: Path, cluster: SparkCluster | None) -> Leg:
+def _run_stream_asset(resource: StreamSparkResource, data: Data, directory: Path, state_dir: Path) -> AssetRun:
+    """What the daemon does, in this process: a member sensor's tick plans one run over every partition of the
+    topic, and the run materializes the stream asset with ``resource`` as its Spark (its function collects the
+    DataFrame it is given), then commits."""
+    group = f"g_{uuid.uuid4().hex[:10]}"
+    streamgroup = KafkaStreamGroup(
+        group=group,
+        bootstrap_servers=data.kafka.bootstrap_servers,
+        topics=[data.topic],
+        store_url=f"sqlite:///{state_dir / (group + '.db')}",
+        heartbeat_interval_s=1.0,
+        session_timeout_s=30.0,
+        join_grace_s=0.0,
+        max_records_per_run=10_000,
+        min_backlog=1,
+        spark_split_records=SPLIT,
+    )
+    seen: list[tuple[Any, ...]] = []
+
+    @stream_asset(group=group, name=f"events_{group}")
+    def events(context: dg.AssetExecutionContext, df: DataFrame) -> None:
+        seen.extend(tuple(row) for row in df.collect())
+
+    sensor = member_sensors(events, members=1, heartbeat_interval_s=1)[0]
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(
+            instance=instance, sensor_name=sensor.name, resources={"streamgroup": streamgroup}
+        )
+        tick = sensor(context)
+        assert isinstance(tick, dg.SensorResult) and tick.run_requests is not None and len(tick.run_requests) == 1
+        request = tick.run_requests[0]
+        assert request.tags is not None
+        result = dg.materialize(
+            [events],
+            instance=instance,
+            run_config=request.run_config,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+            resources={"streamgroup": streamgroup, "pyspark": resource},
+            raise_on_error=False,
+        )
+    shards = [f"{data.topic}:{p}" for p in range(KAFKA_PARTITIONS)]
+    ranges = [ShardRange(shard, start, end) for shard, (start, end) in data.asset_ranges.items()]
+    planned = plan_partitions(ranges, max_records_per_partition=SPLIT)
+    committed = streamgroup.backend().committed(group, shards)
+    return AssetRun(Read(seen, recording.records(directory), planned), result.success, committed)
+
+
+def _run_leg(
+    spark: SparkSession,
+    resource: StreamSparkResource,
+    data: Data,
+    directory: Path,
+    state_dir: Path,
+    cluster: SparkCluster | None,
+) -> Leg:
     recording.install(spark, directory)
     reads = {}
     for name, (make, planned) in _read_plans(data).items():
         rows = [tuple(row) for row in make(spark).collect()]
         reads[name] = Read(rows, recording.records(directory), planned)
+    asset = _run_stream_asset(resource, data, directory, state_dir)
     app = spark.sparkContext.applicationId
     executors = [e for e in cluster.executor_processes() if e.app_id == app] if cluster is not None else []
     return Leg(
@@ -161,6 +233,7 @@ def _run_leg(spark: SparkSession, data: Data, directory: Path, cluster: SparkClu
         driver_jvm_pid=int(spark._jvm.ProcessHandle.current().pid()),  # type: ignore[attr-defined]
         executors=executors,
         reads=reads,
+        asset=asset,
     )
 
 
@@ -170,12 +243,14 @@ def legs(
 ) -> dict[str, Leg]:
     """The same reads in local mode, then on the cluster, each mode in a session of its own in this process."""
     directory = tmp_path_factory.mktemp("read-records")
+    state_dir = tmp_path_factory.mktemp("group-state")
     out = {}
-    with classic_sessions(StreamSparkResource(master="local[2]")) as spark:
-        out["local"] = _run_leg(spark, data, directory, None)
+    local = StreamSparkResource(master="local[2]")
+    with classic_sessions(local) as spark:
+        out["local"] = _run_leg(spark, local, data, directory, state_dir, None)
     cluster = StreamSparkResource(master=spark_cluster.master_url, spark_config=spark_cluster.application_config())
     with classic_sessions(cluster) as spark:
-        out["cluster"] = _run_leg(spark, data, directory, spark_cluster)
+        out["cluster"] = _run_leg(spark, cluster, data, directory, state_dir, spark_cluster)
     return out
 
 
@@ -188,12 +263,10 @@ def test_each_mode_ran_in_its_own_session(legs: dict[str, Leg], spark_cluster: S
     assert legs["local"].driver_jvm_pid == legs["cluster"].driver_jvm_pid
 
 
-@pytest.mark.parametrize("name", ["kafka_ranges", "spark_read", "v3io_ranges"])
-def test_partitions_are_read_in_the_workers_executors(legs: dict[str, Leg], name: str) -> None:
-    cluster, local = legs["cluster"], legs["local"]
-    read = cluster.reads[name]
+def assert_read_in_executors(cluster: Leg, read: Read, local: Leg, local_read: Read) -> None:
+    """Every planned partition read exactly once, each under an executor JVM of this application (never the
+    driver's JVM, never this process), by both executors; and the same recorder in local mode saw the driver."""
     assert len(read.planned) >= 3
-    # Each planned partition read exactly once, and all its rows accounted for.
     assert sorted(r.ranges for r in read.records) == sorted(((p.shard, p.start, p.end),) for p in read.planned)
     assert sum(r.rows for r in read.records) == len(read.rows) == sum(p.size for p in read.planned)
     executors = {e.pid: e.executor_id for e in cluster.executors}
@@ -202,8 +275,13 @@ def test_partitions_are_read_in_the_workers_executors(legs: dict[str, Leg], name
         assert record.executor_id == executors[record.jvm_pid] != DRIVER
         assert record.jvm_pid != cluster.driver_jvm_pid and record.pid != cluster.driver_pid
     assert {r.executor_id for r in read.records} == set(executors.values()), "both workers' executors read"
-    # The same recorder tells the driver apart: in local mode every partition was read under the driver's JVM.
-    assert {(r.jvm_pid, r.executor_id) for r in local.reads[name].records} == {(local.driver_jvm_pid, DRIVER)}
+    assert {(r.jvm_pid, r.executor_id) for r in local_read.records} == {(local.driver_jvm_pid, DRIVER)}
+
+
+@pytest.mark.parametrize("name", ["kafka_ranges", "spark_read", "v3io_ranges"])
+def test_partitions_are_read_in_the_workers_executors(legs: dict[str, Leg], name: str) -> None:
+    cluster, local = legs["cluster"], legs["local"]
+    assert_read_in_executors(cluster, cluster.reads[name], local, local.reads[name])
 
 
 @pytest.mark.parametrize("name", ["kafka_ranges", "spark_read", "v3io_ranges"])
@@ -238,3 +316,16 @@ def test_v3io_rows_are_the_records_written(legs: dict[str, Leg], data: Data) -> 
     assert [(r[0], r[1], r[2]) for r in rows] == [
         (shard, i + 1, value) for shard, values in data.v3io_written.items() for i, value in enumerate(values)
     ]
+
+
+def test_a_stream_asset_run_on_the_cluster_equals_the_local_run(legs: dict[str, Leg], data: Data) -> None:
+    """A member sensor's run request, materialized with ``StreamSparkResource(master="spark://...")``: its ranges
+    are read in the executors, its function sees the rows of the same run in local mode, row for row, and it
+    commits every range."""
+    cluster, local = legs["cluster"], legs["local"]
+    for leg in (local, cluster):
+        assert leg.asset.success
+        assert leg.asset.committed == {shard: end for shard, (_, end) in data.asset_ranges.items()}
+    assert_read_in_executors(cluster, cluster.asset.read, local, local.asset.read)
+    assert len(cluster.asset.read.rows) == sum(end - start for start, end in data.asset_ranges.values())
+    assert cluster.asset.read.rows == local.asset.read.rows
