@@ -112,7 +112,7 @@ def apply(state: GroupState, delta: StateDelta) -> GroupState:
 
 
 def encode_delta(delta: StateDelta) -> str:
-    return delta.model_dump_json()
+    return delta.model_dump_json(exclude_defaults=True)  # most shard fields are at their defaults
 
 
 def decode_delta(text: str | bytes) -> StateDelta:

@@ -6,7 +6,7 @@ row to ``<table>_log`` at version ``v + 1``: the ``StateDelta`` from the version
 (``protocol/delta.py``), or the whole state when no delta joins them. The primary key ``(key, version)`` is the
 compare-and-set: of two writers that loaded version ``v``, one inserts ``v + 1`` and the other's insert is
 refused. The insert also requires the base row to be ours and not newer (``kind``, ``schema_version``), so a
-foreign or newer object is never built upon. Once the appended rows outweigh half the state, the writer
+foreign or newer object is never built upon. Once the appended rows outweigh twice the state, the writer
 folds them into the base row (``version``, ``body``), and deletes the rows the previous fold had already
 covered; a reader that read the base before a fold still finds the rows it needs, and one that finds a gap
 reads again.
@@ -37,8 +37,10 @@ from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, Group
 from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
 from dagster_streamgroup.stores.sql import _UNREACHABLE, DEFAULT_TABLE, SqlStateStore
 
-FOLD_FRACTION = 0.5
-"""Fold the log into the base row once the rows appended since weigh this much of the state."""
+FOLD_FRACTION = 2.0
+"""Fold the log into the base row once the rows appended since weigh this much of the state: the fold rewrites
+the whole state, so this bounds what folding adds to each write (half its size here), while a reader that
+knows nothing of the key reads at most three states' worth."""
 MIN_FOLD_BYTES = 64_000
 """... and at least this much: a small state is cheap to read with its log."""
 MAX_GAP_RETRIES = 3
