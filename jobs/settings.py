@@ -63,6 +63,15 @@ PARTITIONS = _int("CLICKSTREAM_PARTITIONS", "8")
 MEMBERS = _int("CLICKSTREAM_MEMBERS", "3")
 HEARTBEAT_S = _float("CLICKSTREAM_HEARTBEAT_S", "5", minimum=1)  # Dagster ticks a sensor at most once a second
 SESSION_TIMEOUT_S = _float("CLICKSTREAM_SESSION_TIMEOUT_S", "20", minimum=1)
+DRAIN_TIMEOUT_S = _float("CLICKSTREAM_DRAIN_TIMEOUT_S", "600", minimum=1)
+"""How long the shard of a member that died with a run in flight waits for that run (the resource's
+``drain_timeout_s``). Members of another deployment cannot see whether that run is still alive, so a whole
+deployment that dies holds its in-flight shards this long (docs/deploying.md)."""
+STORE_URL_ENV = "CLICKSTREAM_STORE_URL"
+STORE_URL_SET = bool(os.environ.get(STORE_URL_ENV, "").strip())
+"""Whether the group state lives at ``$CLICKSTREAM_STORE_URL`` (e.g. ``postgresql://...``, for members in
+several deployments) instead of the default (SQLite in ``$DAGSTER_HOME``; the KV item next to a v3io stream).
+The resource reads it as ``dagster.EnvVar``, so a password in it never becomes a literal of the definitions."""
 MAX_RECORDS_PER_RUN = _int("CLICKSTREAM_MAX_RECORDS_PER_RUN", "1000000")
 RUN_MODE = _choice("CLICKSTREAM_RUN_MODE", "member", ("member", "shard"))
 MIN_BACKLOG = _int("CLICKSTREAM_MIN_BACKLOG", "20000")
