@@ -355,7 +355,7 @@ class V3ioStreamGroup(StreamGroupResource):
 
         backend = self.backend()
         if isinstance(backend, V3ioBackend):
-            backend.check_group_is_ours(self.group)
+            backend.check_group_is_ours(self.group, before=f"member {member_id} acts")
         return super().member(member_id)
 
     def store(self) -> StateStore:

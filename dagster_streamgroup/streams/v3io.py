@@ -317,7 +317,7 @@ class V3ioBackend:
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
         return {shard: self.stream.watermarks(parse_shard(shard)) for shard in shards}
 
-    def check_group_is_ours(self, group: str) -> None:
+    def check_group_is_ours(self, group: str, *, before: str = "using it") -> None:
         """Refuse a consumer group that v3io-go/Nuclio consumers (or anything not ours) keep next to this stream.
 
         v3io-go keeps a group's state in the item ``<group>-state.json`` beside the shards and its progress in
@@ -325,7 +325,7 @@ class V3ioBackend:
         Whatever store holds our own state, a same-named group of theirs must never have those attributes
         read as ours or pushed forward. Our own state item (``store_url="v3io"``) carries ``state_kind``."""
         name = group_state_item(group)
-        what = f"reading the state item {name} of group {group!r}"
+        what = f"reading the state item {name} of group {group!r} before {before}"
         marked = self.stream.item_attributes(name, [STATE_KIND_ATTRIBUTE], what=what)
         if marked is None or marked.get(STATE_KIND_ATTRIBUTE) == STATE_KIND:
             return
@@ -355,7 +355,7 @@ class V3ioBackend:
         )
 
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
-        self.check_group_is_ours(group)
+        self.check_group_is_ours(group, before="reading its committed offsets")
         attribute = committed_attribute(group)
         out: dict[str, int | None] = {}
         for shard in shards:
@@ -371,7 +371,7 @@ class V3ioBackend:
         (offset <= 1, nothing processed) is left out of the result; a larger one is refused."""
         attribute = committed_attribute(group)
         if offsets:
-            self.check_group_is_ours(group)
+            self.check_group_is_ours(group, before=f"committing its offsets of shards {sorted(offsets)}")
         effective: dict[str, int] = {}
         for shard, offset in offsets.items():
             number = parse_shard(shard)
