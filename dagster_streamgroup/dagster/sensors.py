@@ -75,9 +75,10 @@ def member_sensors(
     (Dagster wants it when the sensor is defined, before any resource is built)."""
     if members < 1:
         raise ValueError(f"members: must be >= 1, got {members}")
-    if heartbeat_interval_s < 1:
+    if heartbeat_interval_s < 1 or heartbeat_interval_s != int(heartbeat_interval_s):
         raise ValueError(
-            f"heartbeat_interval_s: Dagster ticks sensors at most once a second, got {heartbeat_interval_s}"
+            "heartbeat_interval_s: Dagster ticks sensors on whole seconds (minimum_interval_seconds), at most once "
+            f"a second; got {heartbeat_interval_s}"
         )
     target = stream_target(asset)
     names = member_sensor_names(target.group, members)

@@ -64,11 +64,6 @@ def test_a_heartbeat_interval_that_is_not_whole_seconds_fails_at_load(interval: 
     assert kafka(heartbeat_interval_s=3.0, session_timeout_s=20).heartbeat_interval_s == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dagster/sensors.py: member_sensors() must refuse a non-integer heartbeat_interval_s when the sensors are "
-    "defined; today it rounds it for minimum_interval_seconds and only the tick compares it with the resource",
-)
 def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
     @stream_asset(group="g_fraction", name="events_fraction")
     def events(context: dg.AssetExecutionContext, df: Any) -> None:

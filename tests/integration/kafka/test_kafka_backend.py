@@ -187,7 +187,7 @@ def test_a_group_whose_state_was_lost_resumes_at_its_kafka_offsets(
     group = unique_name("g")
     backend = _backend(kafka_bootstrap, topic)
     backend.commit(group, {f"{topic}:0": 150})  # partition 1: nothing committed in Kafka
-    policy = GroupPolicy(join_grace_s=0, max_records_per_run=1000, seek="latest")
+    policy = GroupPolicy(join_grace_s=0, max_records_per_run=1000, seek="latest", min_backlog=1)
     member = GroupMember(MemoryStore(time.time), backend, group, "m", policy)
     starts = {launch.shard: (launch.start, launch.end) for launch in member.tick().new_launches}
     assert starts == {f"{topic}:0": (150, ends[0])}  # partition 1 follows the seek policy: latest, no backlog
