@@ -43,9 +43,27 @@ def second_half(points: Sequence[tuple[float, float]], start: float, end: float)
     return [(t, y) for t, y in points if middle <= t <= end]
 
 
+def peak_growth(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
+    """How fast the lag's peaks rise over the second half of ``[start, end]``: the line through the highest
+    point of that half's first half and the highest of its last half, in y per second (the two points at
+    least an eighth of the phase apart); None without points in both.
+
+    Runs commit in steps, so a deployment that keeps up shows a sawtooth whose least-squares slope over a
+    few periods swings by a sizeable share of the rate either way (a quarter of it for a period a third of
+    the window); its peaks stay level. A deployment that falls behind raises its peaks by the difference
+    between the rates: the peaks of a sawtooth on a trend lie on the trend's line."""
+    half = second_half(points, start, end)
+    middle = start + (end - start) * 3 / 4
+    first = [(y, t) for t, y in half if t < middle]
+    last = [(y, t) for t, y in half if t >= middle]
+    if not first or not last:
+        return None
+    (y1, t1), (y2, t2) = max(first), max(last)
+    return (y2 - y1) / max(t2 - t1, (end - start) / 8)
+
+
 def sustained(growth_per_s: float | None, rate: float, tolerance: float) -> bool:
-    """Whether lag did not grow: its slope stays under ``tolerance`` of the production rate (a sawtooth of
-    runs committing in steps leaves a small slope of either sign even when the deployment keeps up)."""
+    """Whether the lag did not grow: its growth stays under ``tolerance`` of the production rate."""
     return growth_per_s is not None and growth_per_s <= tolerance * rate
 
 

@@ -11,6 +11,7 @@ from bench.figures import (
     HighWatermarkHistory,
     lag_records,
     oldest_unconsumed_age,
+    peak_growth,
     percentile,
     second_half,
     slope,
@@ -39,6 +40,18 @@ def test_slope_of_a_line_and_of_too_few_points() -> None:
 def test_second_half_keeps_the_points_after_the_middle() -> None:
     points = [(float(t), float(t)) for t in range(11)]
     assert [t for t, _ in second_half(points, 0.0, 10.0)] == [5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+
+
+def test_peak_growth_sees_through_a_sawtooth_and_catches_a_trend() -> None:
+    def sawtooth(t: float) -> float:
+        return 1000.0 * (t % 40)  # runs every 40 s of a 1,000 records/s stream
+
+    level = [(float(t), sawtooth(t)) for t in range(0, 240, 2)]
+    assert peak_growth(level, 0.0, 240.0) == pytest.approx(0.0)
+    assert abs(slope(second_half(level, 0.0, 240.0)) or 0.0) > 50  # what a least-squares slope would say
+    behind = [(t, y + 300.0 * t) for t, y in level]  # 300 records/s more than the runs take
+    assert peak_growth(behind, 0.0, 240.0) == pytest.approx(300.0, rel=0.1)
+    assert peak_growth([(0.0, 1.0)], 0.0, 240.0) is None
 
 
 def test_sustained_within_the_tolerance_of_the_rate() -> None:
