@@ -15,14 +15,11 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, model_validator
 
 from dagster_streamgroup.spark.session import (
-    LOCAL_CONF,
     connect_address,
     prepare_environment,
+    session_conf,
     wait_for_connect_server,
-    with_arrow_java_options,
 )
-
-LOCAL_DEFAULTS: dict[str, str] = {**LOCAL_CONF, "spark.sql.shuffle.partitions": "8"}
 
 
 class StreamSparkResource(LazyPySparkResource):
@@ -61,7 +58,10 @@ class StreamSparkResource(LazyPySparkResource):
     def effective_config(self) -> dict[str, Any]:
         if self.remote is not None:
             return {**self.spark_config, "spark.remote": self.remote}
-        return with_arrow_java_options({**LOCAL_DEFAULTS, "spark.master": self.master, **self.spark_config})
+        # On a cluster the driver's address is left to Spark: executors on other hosts must reach it.
+        return session_conf(
+            self.master, {"spark.sql.shuffle.partitions": "8", "spark.master": self.master, **self.spark_config}
+        )
 
     def _init_session(self) -> None:
         if self._spark_session is None:

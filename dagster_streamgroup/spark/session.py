@@ -31,11 +31,27 @@ checks were about a sixth of the JVM's CPU in a profile (JFR) of a range read.""
 
 
 def with_arrow_java_options(conf: Mapping[str, str]) -> dict[str, str]:
-    """``conf`` with ``ARROW_JAVA_OPTIONS`` ahead of any ``spark.driver.extraJavaOptions`` of the caller (a later
-    ``-D`` of the same property wins, so the caller keeps the last word)."""
-    key = "spark.driver.extraJavaOptions"
-    own = conf.get(key, "").strip()
-    return {**conf, key: f"{ARROW_JAVA_OPTIONS} {own}".strip()}
+    """``conf`` with ``ARROW_JAVA_OPTIONS`` ahead of any ``spark.driver.extraJavaOptions`` and
+    ``spark.executor.extraJavaOptions`` of the caller (a later ``-D`` of the same property wins, so the caller
+    keeps the last word). The executors read the ranges on a cluster."""
+    out = dict(conf)
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        own = conf.get(key, "").strip()
+        out[key] = f"{ARROW_JAVA_OPTIONS} {own}".strip()
+    return out
+
+
+LOOPBACK_DRIVER = ("spark.driver.host", "spark.driver.bindAddress")
+
+
+def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings of a classic session: loopback only for a local master; on a cluster the driver must be
+    reachable from executors on other hosts, so its address is left to Spark (or the caller's ``conf``)."""
+    base = dict(LOCAL_CONF)
+    if not master.startswith("local"):
+        for key in LOOPBACK_DRIVER:
+            base.pop(key)
+    return with_arrow_java_options({**base, **(conf or {})})
 
 
 class SparkConnectUnavailableError(ConnectionError):
@@ -93,7 +109,7 @@ def local_spark_session(
     """Build (or get) a local session with the data sources of this package registered."""
     prepare_environment()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in with_arrow_java_options({**LOCAL_CONF, **(conf or {})}).items():
+    for key, value in session_conf(master, conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     from dagster_streamgroup.spark.kafka_source import register
