@@ -1,0 +1,115 @@
+"""The chaos deployment's code location: a stream asset whose function records what it saw (``recorder``).
+
+It is the example's shape (member sensors, a ``stream_asset``, Spark over the local Spark Connect server) on
+a topic of the chaos run, with the group state in PostgreSQL (``CHAOS_STORE_URL``, read as ``dg.EnvVar`` so
+its password never becomes a literal of the definitions). Settings come from ``CHAOS_*`` variables, which
+``bench.chaos`` sets; a bad value stops the code location from loading with the variable's name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+
+from bench.chaos import recorder
+from bench.chaos.settings import ASSET, STORE_URL_ENV, settings_from_env
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, member_sensors, ranges_of, stream_asset
+from dagster_streamgroup.dagster.assets import run_ranges_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+SETTINGS = settings_from_env()
+
+
+@stream_asset(group=SETTINGS.group, name=ASSET, kinds={"spark", "kafka"})
+def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, Any]:
+    """Records, per range, the offsets this run saw; raises on poison records while the switch is on."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    work = SETTINGS.work_dir
+    ranges = ranges_of(context)
+    specs = run_ranges_of(context)
+    config = context.op_execution_context.op_config or {}
+    table = df.select(
+        F.concat_ws(":", "topic", "partition").alias("shard"),
+        "offset",
+        F.instr(F.col("value").cast("string"), recorder.POISON_MARKER).alias("poison"),
+    ).toArrow()
+    shards = table.column("shard").to_pylist()
+    offsets = table.column("offset").to_pylist()
+    poison = table.column("poison").to_pylist()
+    seen: dict[str, list[int]] = {r.shard: [] for r in ranges}
+    bad: dict[str, int] = dict.fromkeys(seen, 0)
+    for shard, offset, mark in zip(shards, offsets, poison, strict=True):
+        seen.setdefault(shard, []).append(int(offset))
+        if mark:
+            bad[shard] = bad.get(shard, 0) + 1
+    raising = recorder.poisoned(work) and any(bad.values())
+    backfill = config.get("member") is None
+    now = time.time()
+    records = [
+        recorder.RangeRecord(
+            run_id=context.run_id,
+            run_key=config.get("run_key"),
+            member=config.get("member"),
+            pid=os.getpid(),
+            shard=r.shard,
+            start=r.start,
+            end=r.end,
+            intervals=recorder.intervals(seen.get(r.shard, [])),
+            seen=len(seen.get(r.shard, [])),
+            poison=bad.get(r.shard, 0),
+            raised=raising,
+            backfill=backfill,
+            at=now,
+        )
+        for r in ranges
+    ]
+    recorder.write_records(work, records)
+    if raising:
+        poisoned = ", ".join(f"{s} ({n})" for s, n in sorted(bad.items()) if n)
+        raise ValueError(f"poison records in {poisoned} while {recorder.POISON_SWITCH} is on")
+    if not backfill:
+        recorder.hold_if_asked(
+            work,
+            recorder.HeldRun(
+                run_id=context.run_id,
+                run_key=config.get("run_key"),
+                pid=os.getpid(),
+                ranges=tuple((s.shard, s.start, s.end) for s in specs),
+            ),
+        )
+    return {"seen": sum(len(v) for v in seen.values())}
+
+
+defs = dg.Definitions(
+    assets=[chaos_ranges],
+    sensors=member_sensors(
+        chaos_ranges,
+        members=SETTINGS.members,
+        heartbeat_interval_s=SETTINGS.heartbeat_s,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    ),
+    resources={
+        "streamgroup": KafkaStreamGroup(
+            group=SETTINGS.group,
+            bootstrap_servers=SETTINGS.bootstrap,
+            topics=[SETTINGS.topic],
+            store_url=dg.EnvVar(STORE_URL_ENV),
+            heartbeat_interval_s=SETTINGS.heartbeat_s,
+            session_timeout_s=SETTINGS.session_timeout_s,
+            drain_timeout_s=SETTINGS.drain_timeout_s,
+            max_records_per_run=SETTINGS.max_records_per_run,
+            min_backlog=SETTINGS.min_backlog,
+            max_wait_s=SETTINGS.max_wait_s,
+            max_attempts=SETTINGS.max_attempts,
+            after_max_attempts=SETTINGS.after_max_attempts,
+        ),
+        "pyspark": StreamSparkResource(remote=SETTINGS.spark_remote),
+    },
+    executor=dg.in_process_executor,
+)

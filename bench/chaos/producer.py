@@ -1,0 +1,93 @@
+"""The chaos run's records: keyed bulk chunks, a single-record trailer per partition, and poison records.
+
+The local broker's high watermark is the base offset + 1 of the batch object with the newest modification
+time; on ``s3://`` storage that time has one-second resolution, so batches written in the same second tie
+and the watermark can land anywhere among them. A trailer written more than a second after the chunk (one
+single-record batch per partition) makes every partition's watermark exact again. What counts as written is
+what the broker acknowledged (delivery reports), never the watermark.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from bench.chaos.recorder import POISON_MARKER
+from dagster_streamgroup.local.kafka_data import BULK_PRODUCER, SINGLE_RECORD_BATCHES, produce_or_wait
+
+TIE_BREAK_S = 1.2
+"""Longer than the S3 endpoint's one-second modification-time resolution."""
+
+
+class ChaosProducer:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, seed: int) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.rng = random.Random(seed)
+        client = {"bootstrap.servers": bootstrap, "message.timeout.ms": 120_000}
+        self.bulk = Producer({**BULK_PRODUCER, **client})
+        self.single = Producer({**SINGLE_RECORD_BATCHES, **client})
+        self.ends: dict[int, int] = {}
+        """Per partition, the highest acknowledged offset + 1."""
+        self.acknowledged = 0
+        self.errors: list[str] = []
+        self.poisoned: list[tuple[str, int]] = []
+        """(shard, offset) of every poison record."""
+        self._next = 0
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.errors.append(err.str())
+            return
+        self.acknowledged += 1
+        partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+        self.ends[partition] = max(self.ends.get(partition, 0), offset + 1)
+        if POISON_MARKER.encode() in (msg.value() or b""):
+            self.poisoned.append((f"{self.topic}:{partition}", offset))
+
+    def _value(self, i: int) -> bytes:
+        return f"event {i:012d} ".encode().ljust(100, b".")
+
+    def chunk(self, count: int, timeout_s: float = 300.0) -> None:
+        """``count`` keyed records, then the trailer; returns once the broker acknowledged all of them."""
+        for _ in range(count):
+            i = self._next
+            self._next += 1
+            key = f"user-{self.rng.randrange(100_000)}".encode()
+            produce_or_wait(self.bulk, self.topic, self._value(i), key=key, on_delivery=self._delivered)
+            if i % 20_000 == 0:
+                self.bulk.poll(0)
+        self._flush(self.bulk, timeout_s)
+        self.trailer(timeout_s)
+
+    def trailer(self, timeout_s: float = 300.0) -> None:
+        time.sleep(TIE_BREAK_S)
+        self._single(range(self.partitions), None, timeout_s)
+
+    def poison(self, partitions: Iterable[int], per_partition: int, timeout_s: float = 120.0) -> None:
+        """Poison records (their value carries the marker) into ``partitions``, each its own batch."""
+        chosen = list(partitions)
+        for _ in range(per_partition):
+            self._single(chosen, POISON_MARKER, timeout_s)
+
+    def _single(self, partitions: Iterable[int], marker: str | None, timeout_s: float) -> None:
+        for partition in partitions:
+            i = self._next
+            self._next += 1
+            value = self._value(i) if marker is None else f"{marker} {i}".encode()
+            produce_or_wait(self.single, self.topic, value, partition=partition, on_delivery=self._delivered)
+        self._flush(self.single, timeout_s)
+
+    def _flush(self, producer: Producer, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while producer.flush(5.0) and time.monotonic() < deadline:
+            pass  # the broker may be restarting: librdkafka retries until message.timeout.ms
+        left = len(producer)
+        if left:
+            raise TimeoutError(f"{left} records unacknowledged after {timeout_s:.0f} s")
+
+    def shard_ends(self) -> dict[str, int]:
+        return {f"{self.topic}:{p}": end for p, end in sorted(self.ends.items())}

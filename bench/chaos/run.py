@@ -1,0 +1,319 @@
+"""``python -m bench.chaos``: faults injected into a real deployment while it consumes a stream, then a check.
+
+``python -m bench.chaos [--messages 1000000] [--partitions 16] [--faults 30] [--seed 1] [--timeout 1800]
+[--members 3] [--gap-min 2] [--gap-max 8] [--after-max-attempts park|dead_letter] [--kinds K1,K2]
+[--max-records-per-run 200000] [--keep]``
+
+1. The deployment (``bench.chaos.deployment``): the local broker on durable ``s3://`` storage, the group
+   state in PostgreSQL, a Spark Connect server, ``dagster dev`` with ``bench/chaos/definitions.py``, whose
+   stream function records what it saw (``bench.chaos.recorder``).
+2. ``--messages`` records arrive in ``--faults`` + 1 chunks; after each chunk but the last, one fault drawn
+   from ``faults.KINDS`` (seeded: every kind once, then at random) is injected. A sampler reads the committed
+   offsets from the group state and from Kafka's group offsets every second.
+3. Once producing ended and every background fault is over (paused runs resumed, sensors started, poisoned
+   shards parked, switched off and unparked), ``drain_s`` runs until the group state and Kafka's group offsets
+   both reach every partition's end.
+4. The check (``bench.chaos.check``) over the function's own records, Dagster's materializations and the
+   samples. The last line is one JSON object; the exit code is 1 when anything was lost, overlapped,
+   duplicated or went backwards, or the run did not drain in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.chaos import faults, recorder
+from bench.chaos.check import Committed, Sample, verdict
+from bench.chaos.deployment import ChaosDeployment, GroupSettings
+from bench.chaos.faults import KINDS, Chaos
+from bench.chaos.producer import ChaosProducer
+from dagster_streamgroup.dagster.devserver import wait_for
+
+IN_PROGRESS = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    messages: int = 1_000_000
+    partitions: int = 16
+    faults: int = 30
+    seed: int = 1
+    timeout_s: float = 1800.0
+    members: int = 3
+    gap_min_s: float = 2.0
+    gap_max_s: float = 8.0
+    after_max_attempts: str = "park"
+    max_records_per_run: int = 200_000
+    kinds: tuple[str, ...] = KINDS
+    keep: bool = False
+
+
+class Sampler:
+    """Committed offsets from the group state and from Kafka's group offsets, every ``interval_s``."""
+
+    def __init__(self, deployment: ChaosDeployment, started: float, interval_s: float = 1.0) -> None:
+        self.deployment = deployment
+        self.started = started
+        self.interval_s = interval_s
+        self.samples: list[Sample] = []
+        self.latest: dict[tuple[str, str], int] = {}
+        self.failures: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        """Held around every broker call of the driver: they share one cached client."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="offset sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _loop(self) -> None:
+        resource = self.deployment.resource()
+        observer = resource.member("chaos-observer")
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic() - self.started
+            try:
+                state = observer.load()
+            except Exception:  # the store is down during its own fault: no sample
+                self.failures["state"] += 1
+                state = None
+            if state is not None:
+                for shard, record in state.shards.items():
+                    if record.committed is not None:
+                        self._add(Sample(now, "state", shard, record.committed))
+            try:
+                shards = [f"{self.deployment.topic}:{p}" for p in range(self.deployment.group.partitions)]
+                with self.lock:
+                    offsets = resource.backend().committed(self.deployment.group_name, shards)
+            except Exception:  # the broker is down or paused during its own fault
+                self.failures["kafka"] += 1
+                continue
+            for shard, offset in offsets.items():
+                if offset is not None:
+                    self._add(Sample(now, "kafka", shard, offset))
+
+    def _add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+        self.latest[(sample.source, sample.shard)] = sample.offset
+
+    def at(self, source: str, targets: dict[str, int]) -> bool:
+        return all(self.latest.get((source, shard)) == end for shard, end in targets.items())
+
+
+def chunk_sizes(messages: int, chunks: int) -> list[int]:
+    base, extra = divmod(messages, chunks)
+    return [base + (1 if i < extra else 0) for i in range(chunks)]
+
+
+def run_chaos(options: ChaosOptions) -> dict[str, Any]:
+    started = time.monotonic()
+    deadline = started + options.timeout_s
+    work = Path(tempfile.mkdtemp(prefix="streamgroup-chaos-"))
+    group = GroupSettings(
+        partitions=options.partitions,
+        members=options.members,
+        after_max_attempts=options.after_max_attempts,
+        max_records_per_run=options.max_records_per_run,
+        max_attempts=3,
+    )
+    deployment = ChaosDeployment(work, group)
+    result: dict[str, Any] = {"messages": 0, "partitions": options.partitions, "seed": options.seed}
+    failed = True
+    try:
+        deployment.start()
+        deployment.wait_members()
+        print(f"deployment up after {time.monotonic() - started:.0f} s (work {work})", flush=True)
+        producer = ChaosProducer(deployment.broker.bootstrap, deployment.topic, options.partitions, options.seed)
+        chaos = Chaos(deployment, producer, random.Random(options.seed), started)
+        sampler = Sampler(deployment, started)
+        sampler.start()
+        kinds = faults.plan(options.faults, options.seed, options.kinds)
+        sizes = chunk_sizes(options.messages, len(kinds) + 1)
+        fault_budget = started + 0.55 * options.timeout_s
+        skipped: list[str] = []
+        for kind, size in zip(kinds, sizes, strict=False):
+            producer.chunk(size)
+            if time.monotonic() > fault_budget:
+                skipped.append(kind)
+                continue
+            time.sleep(chaos.rng.uniform(options.gap_min_s, options.gap_max_s))
+            faults.inject(chaos, kind)
+        producer.chunk(sizes[-1])
+        produced_at = time.monotonic()
+        print(f"produced {producer.acknowledged} records; faults done", flush=True)
+        chaos.finish_background(max(30.0, min(400.0, deadline - time.monotonic())))
+        shards = [f"{deployment.topic}:{p}" for p in range(options.partitions)]
+        with sampler.lock:
+            highs = {s: m.high for s, m in deployment.resource().backend().watermarks(shards).items()}
+        drained = _drain(chaos, sampler, highs, deadline)
+        drain_s = round(time.monotonic() - produced_at, 1) if drained else None
+        runs = _ended_runs(deployment, min(240.0, max(10.0, deadline - time.monotonic())))
+        sampler.stop()
+        materialized = deployment.materializations()
+        state = chaos.state()
+        records = recorder.read_records(deployment.records_dir)
+        committed = [
+            Committed(m["shard"], m["start"], m["end"], m.get("runId"), bool(m.get("repaired")))
+            for m in materialized
+            if not m.get("backfill") and m.get("shard") is not None
+        ]
+        letters = [(d.shard, d.start, d.end) for d in state.dead_letters] if state is not None else []
+        check = verdict(highs, dict.fromkeys(highs, 0), committed, records, sampler.samples, letters)
+        acknowledged = producer.shard_ends()
+        resolved = [
+            (shard, start, end)
+            for shard, start, end in chaos.unparked
+            if any(c.shard == shard and c.start <= start < c.end for c in committed)
+        ]
+        result.update(
+            {
+                "messages": producer.acknowledged,
+                "faults": chaos.counts(True),
+                **check.summary(),
+                "parked_resolved": len(resolved),
+                "drain_s": drain_s,
+                "faults_missed": chaos.counts(False),
+                "faults_skipped_out_of_time": dict(Counter(skipped)),
+                "poison_records": len(producer.poisoned),
+                "processed_records": check.processed_records,
+                "repaired_materializations": check.repaired_materializations,
+                "materializations": len(committed),
+                "runs": dict(Counter(r["status"] for r in runs)),
+                "dead_letters": len(letters),
+                "broker_lost_acknowledged": sum(max(0, end - highs.get(s, 0)) for s, end in acknowledged.items()),
+                "samples": len(sampler.samples),
+                "sample_failures": dict(sampler.failures),
+                "cas_hammer": _sum_dicts(chaos.hammer_results),
+                "kafka_offsets_at_end": sampler.at("kafka", highs),
+                "errors": chaos.errors[:10],
+                "details": check.details[:20],
+                "elapsed_s": round(time.monotonic() - started, 1),
+            }
+        )
+        failed = bool(
+            check.lost or check.overlapping_commits or check.duplicate_materializations or check.backwards
+        ) or (drain_s is None)
+        result["passed"] = not failed
+        return result
+    except Exception as exc:  # the run itself broke: say so in the JSON line, not only in a traceback
+        result.update({"passed": False, "error": f"{type(exc).__name__}: {exc}"})
+        import traceback
+
+        traceback.print_exc()
+        return result
+    finally:
+        deployment.close()
+        if failed or options.keep:
+            print(f"work directory kept: {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _sum_dicts(items: list[dict[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for item in items:
+        total.update(item)
+    return dict(total)
+
+
+def _drain(chaos: Chaos, sampler: Sampler, highs: dict[str, int], deadline: float) -> bool:
+    """Wait until the state's and Kafka's committed offsets reach ``highs``, resuming any parked shard once
+    no poison is pending (a range can also be parked by retries that chaos exhausted)."""
+    while time.monotonic() < deadline:
+        if sampler.at("state", highs) and sampler.at("kafka", highs):
+            return True
+        with chaos.lock:
+            quiet = not chaos.poison_pending
+        if quiet:
+            (chaos.work / recorder.POISON_SWITCH).unlink(missing_ok=True)
+            state = None
+            with contextlib.suppress(Exception):
+                state = chaos.state()
+            if state is not None:
+                parked = {sid: (s.parked.start, s.parked.end) for sid, s in state.shards.items() if s.parked}
+                if parked:
+                    faults.resolve_parked(chaos, parked)
+        time.sleep(2.0)
+    behind = {
+        s: (sampler.latest.get(("state", s)), sampler.latest.get(("kafka", s)), h)
+        for s, h in highs.items()
+        if sampler.latest.get(("state", s)) != h or sampler.latest.get(("kafka", s)) != h
+    }
+    chaos.errors.append(f"not drained in time: (state, kafka, high) {behind}")
+    return False
+
+
+def _ended_runs(deployment: ChaosDeployment, timeout_s: float) -> list[dict[str, Any]]:
+    def ended() -> list[dict[str, Any]] | None:
+        runs = deployment.dev.runs()
+        return None if any(r["status"] in IN_PROGRESS for r in runs) else runs
+
+    try:
+        return wait_for("every run to end", ended, timeout_s, 2.0)
+    except TimeoutError:
+        return deployment.dev.runs()
+
+
+def parse(argv: list[str] | None = None) -> ChaosOptions:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--faults", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--gap-min", type=float, default=2.0, help="seconds between faults, at least")
+    parser.add_argument("--gap-max", type=float, default=8.0, help="seconds between faults, at most")
+    parser.add_argument("--after-max-attempts", choices=["park", "dead_letter"], default="park")
+    parser.add_argument("--max-records-per-run", type=int, default=200_000)
+    parser.add_argument("--kinds", default=",".join(faults.KINDS), help="the fault kinds to draw from, comma-separated")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, records)")
+    args = parser.parse_args(argv)
+    for name in ("messages", "partitions", "faults", "members", "max_records_per_run"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 1")
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(faults.KINDS))
+    if unknown or not kinds:
+        parser.error(f"--kinds: unknown {unknown}; choose among {', '.join(faults.KINDS)}")
+    if args.gap_min < 0 or args.gap_max < args.gap_min:
+        parser.error("--gap-min/--gap-max: need 0 <= gap-min <= gap-max")
+    return ChaosOptions(
+        messages=args.messages,
+        partitions=args.partitions,
+        faults=args.faults,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        members=args.members,
+        gap_min_s=args.gap_min,
+        gap_max_s=args.gap_max,
+        after_max_attempts=args.after_max_attempts,
+        max_records_per_run=args.max_records_per_run,
+        kinds=kinds,
+        keep=args.keep,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    result = run_chaos(parse(argv))
+    print(json.dumps(result), flush=True)
+    return 0 if result.get("passed") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
