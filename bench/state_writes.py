@@ -1,6 +1,6 @@
-"""What a member tick costs the state store, at 200 members x 10,000 shards on PostgreSQL.
+"""What a member tick costs the state store, at 200 members x 10,000 shards on PostgreSQL (or v3io).
 
-``python -m bench.state_writes [--members 200] [--shards 10000] [--rounds 3] [--seed 1]``
+``python -m bench.state_writes [--store postgresql|v3io] [--members 200] [--shards 10000] [--rounds 3] [--seed 1]``
 
 A temporary PostgreSQL (``dagster_streamgroup.local.postgres``) holds the group state in the SQL store the
 product uses (``LoggedSqlStateStore``: each write appends its delta, the log folds into the base row from time
@@ -10,6 +10,11 @@ rebalance, plan the next ranges of its shards; and commits the run it launched t
 the store wrote per tick (mean and p99; heartbeat-only ticks apart, measured in a last round where nothing
 new waits), the whole state's size, and the CPU seconds PostgreSQL spent per tick (its processes' /proc
 accounting). Targets of the issue: a heartbeat-only tick under 4 KB, a mean tick under 64 KB.
+
+``--store v3io`` runs the same ticks through the v3io KV store (``V3ioStateStore``: the base item plus one log
+item per write, folded from time to time) against the project's v3io-compatible server, started on a free
+127.0.0.1 port over a temporary directory (its data durable in SQLite, ``synchronous=NORMAL``); the store's CPU
+is then that server process's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.local import procfs
@@ -28,6 +37,7 @@ from dagster_streamgroup.local.postgres import temporary_postgres
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupPolicy, GroupState, Launch, Watermark
 from dagster_streamgroup.stores.sql_log import LoggedSqlStateStore
+from dagster_streamgroup.stores.v3io import V3ioStateStore
 
 KEY = "bench-stream|bench-group"
 
@@ -47,6 +57,29 @@ def _postgres_cpu_s() -> float:
     return total
 
 
+@contextmanager
+def _store(kind: str) -> Iterator[tuple[LoggedSqlStateStore | V3ioStateStore, Callable[[], float]]]:
+    """The store under test and a reading of its server's CPU seconds so far."""
+    if kind == "postgresql":
+        with temporary_postgres(durable=True) as url:
+            sql = LoggedSqlStateStore(url)
+            try:
+                yield sql, _postgres_cpu_s
+            finally:
+                sql.close()
+        return
+    from dagster_streamgroup.local.v3io.testing import running_v3io_server
+    from dagster_streamgroup.streams.v3io_config import V3ioConnection
+
+    with tempfile.TemporaryDirectory(prefix="bench-v3io-") as tmp, running_v3io_server(Path(tmp)) as server:
+        connection = V3ioConnection(endpoint=server.endpoint, container="bigdata", access_key=server.access_key)
+        v3io = V3ioStateStore(connection, directory="bench")
+        try:
+            yield v3io, lambda: procfs.cpu_seconds(server.pid)
+        finally:
+            v3io.close()
+
+
 def _p99(values: list[int]) -> int:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -54,6 +87,7 @@ def _p99(values: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", choices=["postgresql", "v3io"], default="postgresql")
     parser.add_argument("--members", type=int, default=200)
     parser.add_argument("--shards", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -64,8 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     members = [f"m{i:03d}" for i in range(args.members)]
     shard_ids = [f"s{i:05d}" for i in range(args.shards)]
 
-    with temporary_postgres(durable=True) as url:
-        store = LoggedSqlStateStore(url)
+    with _store(args.store) as (store, store_cpu_s):
         clock = [1_000.0]
         store.now = lambda: clock[0]  # type: ignore[method-assign]  # simulated time: no tick waits for real
         start = clock[0]
@@ -97,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
         pending: dict[str, list[Launch]] = {}
         tick_bytes: list[int] = []
-        cpu_before, started = _postgres_cpu_s(), time.monotonic()
+        cpu_before, started = store_cpu_s(), time.monotonic()
         for round_ in range(1, args.rounds + 1):
             for member in rng.sample(members, len(members)):
                 clock[0] += 5.0 / args.members
@@ -113,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             print(f"round {round_}: {len(tick_bytes)} writes so far", file=sys.stderr)
         for launches in pending.values():
             commit(launches)
-        cpu_s = _postgres_cpu_s() - cpu_before
+        cpu_s = store_cpu_s() - cpu_before
         writes = len(tick_bytes)
         heartbeat_bytes: list[int] = []
         for member in members:  # nothing new waits: each tick only refreshes its heartbeat
@@ -128,8 +161,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         final, _ = store.load(KEY)
         assert final is not None
         state_bytes = len(protocol.encode_state(final))
-        store.close()
     figures: dict[str, object] = {
+        "store": args.store,
         "members": args.members,
         "shards": args.shards,
         "writes": writes,

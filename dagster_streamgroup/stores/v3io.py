@@ -1,19 +1,31 @@
-"""The v3io state store: the group state as a KV item next to the stream, compare-and-set on its mtime.
+"""The v3io state store: the group state as KV items next to the stream, each write appending what it changed.
 
 Where: ``<stream path>/<group>-state.json`` in the stream's container, the item v3io-go uses for its own
 consumer groups (a key whose stream is not a v3io stream id goes under ``<directory>/<stream>/`` of the
-store's container). How: read the item with its ``__mtime_secs``/``__mtime_nsecs``, write it back under
-``(__mtime_secs == S) AND (__mtime_nsecs == N)``, and create it under ``not(exists(state))``, exactly as
-v3io-go does; the token handed out is the mtime pair.
+store's container).
+
+How (the design of ``stores/sql_log.py`` on v3io KV; names and ranges in ``stores/v3io_log.py``): the base item
+holds the whole state at ``state_version``, of a random ``state_lineage``. A write from version ``v`` creates the
+log item ``<group>-state.json.log-<lineage>.<v + 1>`` under ``not(exists(state))``, so of two writers that
+loaded ``v`` one creates it and the other is refused (a conflict, as before); it holds the ``StateDelta`` from
+``v`` (or the whole state when no delta joins them). Before that the writer reads the base item's small guard
+attributes and refuses to build on one that is not ours, of a newer schema, or of another lineage. Once the log
+items written since the last fold weigh twice the encoded base item, the writer folds: it rewrites the base item
+at its version, under the base item's mtime (as v3io-go conditions its writes), and deletes the log items the
+previous base item already held. A reader keeps the last state it saw per key and, while the base item's mtime
+is unchanged, reads only the newer log items: one GetItems range scan of the base item's sharding key.
+
+A base item written whole by an earlier version (no ``state_version``) is replaced whole, under its mtime, by
+one with a log before anything is logged: a member of an earlier schema then refuses it.
 
 The encoded state goes into the attribute ``state`` (v3io-go's) and, when it is longer than one string
 attribute may be (the v3io client refuses more than 61,199 characters), continues in ``state_1``,
 ``state_2``, ... with the count in ``state_parts``: one item, so one conditional write still covers the
 whole state. States larger than one attribute are zlib-compressed first (5,000 shards: 1.7-1.9 MB of JSON
-become about 110-120 kB), which also keeps each tick's read and write small.
+become about 110-120 kB), and so are log items longer than ``LOG_COMPRESS_ABOVE``.
 
-Our items also carry ``state_kind`` and ``state_schema``, and every update requires them to be ours and
-not newer: a v3io-go/Nuclio group (a ``session_states`` document in ``state``) or a state of a newer
+Our items also carry ``state_kind`` and ``state_schema``, and every write of the base item requires them to be
+ours and not newer: a v3io-go/Nuclio group (a ``session_states`` document in ``state``) or a state of a newer
 version is refused with the codec's error and never overwritten, even by a caller holding its mtime.
 
 The clock is the platform's: ``now()`` writes a small clock item and reads the mtime the platform gave that
@@ -26,8 +38,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import re
+import threading
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -36,9 +51,24 @@ import v3io.dataplane
 from pydantic import ValidationError
 from v3io.dataplane.response import HttpResponseError
 
-from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
+from dagster_streamgroup.protocol import delta
+from dagster_streamgroup.protocol.codec import ForeignStateError, NewerSchemaError, decode_state, encode_state
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
 from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
+from dagster_streamgroup.stores.v3io_log import (
+    LINEAGE,
+    VERSION,
+    KeyRange,
+    LogToken,
+    MtimeToken,
+    every_lineage_range,
+    log_item,
+    log_range,
+    new_lineage,
+    parse_log_item,
+    parse_token,
+    should_fold,
+)
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, normalise_path, parse_stream_id
 
 PART_CHARS = 60_000
@@ -55,6 +85,10 @@ ENCODING_JSON = "json"
 ENCODING_ZLIB = "zlib+base64"
 NEVER = v3io.dataplane.RaiseForStatus.never
 
+LOG_COMPRESS_ABOVE = 2_000
+"""Log items longer than this are compressed (a heartbeat's delta is a few hundred characters and stays JSON)."""
+MAX_GAP_RETRIES = 3
+
 _CONDITION_FALSE = "16777244"
 _VERIFIER = re.compile(r"__mtime_secs\s*==\s*(\d+)\s+and\s+__mtime_nsecs\s*==\s*(\d+)", re.IGNORECASE)
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -65,10 +99,11 @@ def split_parts(text: str, size: int = PART_CHARS) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
-def encode_attributes(body: str, *, compress: bool = True) -> dict[str, Any]:
-    """The item attributes holding ``body``: plain JSON when it fits one attribute, else compressed parts."""
+def encode_attributes(body: str, *, compress: bool = True, compress_above: int = PART_CHARS) -> dict[str, Any]:
+    """The item attributes holding ``body``: plain JSON when it fits one attribute (or is at most
+    ``compress_above`` characters), else compressed, in parts."""
     encoding = ENCODING_JSON
-    if compress and len(body) > PART_CHARS:
+    if compress and len(body) > compress_above:
         body = base64.b64encode(zlib.compress(body.encode("utf-8"), 6)).decode("ascii")
         encoding = ENCODING_ZLIB
     parts = split_parts(body)
@@ -105,14 +140,6 @@ def decode_attributes(item: dict[str, Any], *, where: str) -> str:
     raise ForeignStateError(f"{where}: unknown {ENCODING} {encoding!r}; refusing to overwrite it")
 
 
-def parse_token(token: StateToken) -> tuple[int, int] | None:
-    """``"S:N"`` -> (S, N); None for anything this store did not issue."""
-    secs, sep, nsecs = str(token).partition(":")
-    if not sep or not secs.isdigit() or not nsecs.isdigit():
-        return None
-    return int(secs), int(nsecs)
-
-
 def state_location(key: str, container: str, directory: str) -> tuple[str, str, str]:
     """(container, directory, item name) of the state stored under ``key`` (``"<stream id>|<group>"``)."""
     stream, sep, group = key.rpartition("|")
@@ -132,6 +159,61 @@ def state_location(key: str, container: str, directory: str) -> tuple[str, str, 
     return container, f"{directory}/{name}", item
 
 
+@dataclass
+class _Known:
+    """What this store last saw of a key: the state at ``version`` (of ``lineage``) and the base item it was
+    built on. ``lineage`` is "" for a base item without a log, whose ``base_mtime`` is then its version."""
+
+    lineage: str
+    version: int
+    state: GroupState
+    base_version: int
+    base_mtime: tuple[int, int] | None
+    appended_bytes: int
+    """Bytes of the log items after the base item."""
+    state_bytes: int
+    """Bytes of the base item's encoded state."""
+
+    @property
+    def token(self) -> str:
+        if not self.lineage:
+            assert self.base_mtime is not None
+            return str(MtimeToken(*self.base_mtime))
+        return str(LogToken(self.lineage, self.version))
+
+
+class _GapError(Exception):
+    """The log items after the base item this reader saw were folded meanwhile."""
+
+
+_GUARD = [KIND, SCHEMA, PARTS, VERSION, LINEAGE, "__mtime_secs", "__mtime_nsecs"]
+"""What a reader or writer reads of the base item before anything else: small, whatever the state's size."""
+
+
+def _mtime(item: dict[str, Any]) -> tuple[int, int] | None:
+    secs, nsecs = item.get("__mtime_secs"), item.get("__mtime_nsecs")
+    return (secs, nsecs) if isinstance(secs, int) and isinstance(nsecs, int) else None
+
+
+def _logged(item: dict[str, Any]) -> bool:
+    """A base item of ours with a log, of a schema this version may build on."""
+    schema = item.get(SCHEMA)
+    return (
+        item.get(KIND) == STATE_KIND
+        and isinstance(schema, int)
+        and schema <= SCHEMA_VERSION
+        and isinstance(item.get(VERSION), int)
+        and isinstance(item.get(LINEAGE), str)
+    )
+
+
+def _body_size(attributes: dict[str, Any]) -> int:
+    """Characters of the encoded state or delta an item's attributes carry."""
+    parts = attributes.get(PARTS, 1)
+    names = [STATE] + [f"{STATE}_{i}" for i in range(1, parts if isinstance(parts, int) else 1)]
+    return sum(len(v) for v in (attributes.get(name) for name in names) if isinstance(v, str))
+
+
 class V3ioStateStore:
     """A ``StateStore`` over v3io KV items (see the module docstring)."""
 
@@ -147,6 +229,10 @@ class V3ioStateStore:
         except ValueError as exc:
             raise StoreConfigError(f"state store {self._name}: {exc}") from None
         self._client = v3io.dataplane.Client(**kwargs, max_connections=2)
+        self._known: dict[str, _Known] = {}
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+        """Characters of encoded states and deltas this store wrote (what its writes cost the platform)."""
 
     @classmethod
     def from_url(cls, url: str) -> V3ioStateStore:
@@ -166,6 +252,8 @@ class V3ioStateStore:
     def _where(self, key: str, location: tuple[str, str, str]) -> str:
         container, directory, item = location
         return f"{self._name} key {key!r} (item {container}/{directory}/{item})"
+
+    # -- requests -------------------------------------------------------------------------------------------
 
     def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -189,59 +277,291 @@ class V3ioStateStore:
         found: dict[str, Any] = response.output.item
         return found
 
+    def _put(
+        self, what: str, location: tuple[str, str, str], attributes: dict[str, Any], condition: str, mode: str | None
+    ) -> tuple[bool, tuple[int, int] | None]:
+        """A conditional write of one item: whether it was written (False: the condition was false) and the
+        mtime the platform gave it (None when the response did not say)."""
+        container, directory, item = location
+        response = self._call(
+            what, self._client.kv.update, container, directory, item,
+            attributes=attributes, condition=condition, update_mode=mode,
+        )  # fmt: skip
+        if response.status_code == 200:
+            header = response.headers.get("X-v3io-transaction-verifier") if response.headers is not None else None
+            match = _VERIFIER.search(header or "")
+            return True, (int(match.group(1)), int(match.group(2))) if match else None
+        body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else ""
+        if response.status_code == 400 and _CONDITION_FALSE in body:
+            return False, None
+        raise self._unexpected(what, response)
+
+    def _scan(
+        self, key: str, directory: tuple[str, str], key_range: KeyRange, names: list[str]
+    ) -> list[dict[str, Any]]:
+        """The items of a range scan, following the platform's markers."""
+        container, path = directory
+        items: list[dict[str, Any]] = []
+        marker = None
+        while True:
+            response = self._call(
+                f"read the log of {key!r}", self._client.kv.scan, container, path,
+                attribute_names=names, marker=marker, sharding_key=key_range.sharding_key,
+                sort_key_range_start=key_range.start, sort_key_range_end=key_range.end,
+            )  # fmt: skip
+            if response.status_code == 404:
+                return items
+            if response.status_code != 200:
+                raise self._unexpected(f"read the log of {key!r}", response)
+            items.extend(response.output.items)
+            marker = response.output.next_marker
+            if response.output.last or not response.output.items or not marker:
+                return items
+
+    def _delete(self, key: str, location: tuple[str, str, str]) -> None:
+        container, directory, item = location
+        response = self._call(
+            f"delete a folded log item of {key!r}", self._client.kv.delete, container, directory, item
+        )
+        if response.status_code not in (200, 204, 404):
+            raise self._unexpected(f"delete a folded log item of {key!r}", response)
+
+    # -- reading --------------------------------------------------------------------------------------------
+
     def load(self, key: str) -> tuple[GroupState | None, StateToken | None]:
         location = state_location(key, self.connection.container, self.directory)
+        for _ in range(MAX_GAP_RETRIES):
+            try:
+                known = self._read(key, location, self._get(key, location, _GUARD))
+            except _GapError:
+                with self._lock:
+                    self._known.pop(key, None)
+                continue
+            if known is None:
+                return None, None
+            return known.state, known.token
+        raise StoreUnavailableError(
+            f"state store {self._name}: cannot load {key!r}: its log was folded under every one of "
+            f"{MAX_GAP_RETRIES} reads"
+        )
+
+    def _read(self, key: str, location: tuple[str, str, str], guard: dict[str, Any] | None) -> _Known | None:
+        """The state as of now, from the base item (``guard`` is what was just read of it) and the newer log
+        items; from what this store knew of the key when the base item has not been rewritten since."""
+        if guard is None:
+            with self._lock:
+                self._known.pop(key, None)
+            return None
+        with self._lock:
+            cached = self._known.get(key)
+        mtime = _mtime(guard)
+        if not _logged(guard):
+            return self._read_whole(key, location)
+        lineage, base_version = str(guard[LINEAGE]), int(guard[VERSION])
+        if cached is not None and cached.lineage == lineage and cached.base_mtime == mtime:
+            state, version, appended = cached.state, cached.version, cached.appended_bytes
+            state_bytes, base_version = cached.state_bytes, cached.base_version
+        elif (
+            cached is not None and cached.lineage == lineage and cached.base_version < base_version <= cached.version
+        ):  # another member folded versions this store already holds
+            state, version, appended, state_bytes = cached.state, cached.version, 0, cached.state_bytes
+        else:
+            item = self._get(key, location, ["**"])
+            if item is None or not _logged(item):
+                return self._read(key, location, item)
+            where = self._where(key, location)
+            body = decode_attributes(item, where=where)
+            state = decode_state(body, where=where)
+            lineage, base_version, mtime = str(item[LINEAGE]), int(item[VERSION]), _mtime(item)
+            version, appended, state_bytes = base_version, 0, _body_size(item)
+        container, directory, name = location
+        for entry in self._scan(key, (container, directory), log_range(name, lineage, version), ["**"]):
+            parsed = parse_log_item(name, str(entry.get("__name", "")))
+            if parsed is None or parsed[0] != lineage or parsed[1] <= version:
+                continue
+            if parsed[1] != version + 1:
+                raise _GapError()
+            state = self._applied(key, location, state, entry)
+            version = parsed[1]
+            appended += _body_size(entry)
+        known = _Known(lineage, version, state, base_version, mtime, appended, state_bytes)
+        with self._lock:
+            self._known[key] = known
+        return known
+
+    def _read_whole(self, key: str, location: tuple[str, str, str]) -> _Known | None:
+        """A base item without a log (written whole by an earlier version), or one that is not ours: decoding
+        it refuses what is foreign or newer."""
         item = self._get(key, location, ["**"])
         if item is None or STATE not in item:
-            return None, None
+            with self._lock:
+                self._known.pop(key, None)
+            return None
         where = self._where(key, location)
         state = decode_state(decode_attributes(item, where=where), where=where)
-        return state, f"{item['__mtime_secs']}:{item['__mtime_nsecs']}"
+        if _logged(item):
+            return self._read(key, location, item)
+        known = _Known("", 0, state, 0, _mtime(item), 0, _body_size(item))
+        with self._lock:
+            self._known[key] = known
+        return known
+
+    def _applied(
+        self, key: str, location: tuple[str, str, str], state: GroupState, entry: dict[str, Any]
+    ) -> GroupState:
+        where = f"{self._where(key, location)} log item {entry.get('__name')}"
+        schema = entry.get(SCHEMA)
+        if entry.get(KIND) != STATE_KIND or not isinstance(schema, int):
+            raise ForeignStateError(f"{where}: not a dagster-streamgroup log item; refusing to write")
+        if schema > SCHEMA_VERSION:
+            raise NewerSchemaError(
+                f"{where}: written by a newer dagster-streamgroup (schema {schema} > {SCHEMA_VERSION}); "
+                "refusing to write"
+            )
+        raw = json.loads(decode_attributes(entry, where=where))
+        if "state" in raw:
+            return decode_state(json.dumps(raw["state"]), where=where)
+        try:
+            change = delta.StateDelta.model_validate(raw["delta"])
+        except Exception as exc:  # damaged, or a field this version does not know
+            raise ForeignStateError(f"{where}: the logged change cannot be read ({exc}); refusing to write") from exc
+        return delta.apply(state.model_copy(update={"revision": change.base_revision}), change)
+
+    # -- writing --------------------------------------------------------------------------------------------
 
     def save_if(self, key: str, state: GroupState, token: StateToken | None) -> bool:
         location = state_location(key, self.connection.container, self.directory)
-        container, directory, item = location
-        attributes = encode_attributes(encode_state(state), compress=self.compress)
         if token is None:
-            condition, mode = f"not(exists({STATE}))", None
-            mtime = None
-        else:
-            mtime = parse_token(token)
-            if mtime is None:
-                return False  # not a version this store issued, so not the stored one
-            condition = (
-                f"(__mtime_secs == {mtime[0]}) AND (__mtime_nsecs == {mtime[1]}) "
-                f"AND ({KIND} == '{STATE_KIND}') AND ({SCHEMA} <= {SCHEMA_VERSION})"
-            )
-            # Replace the item, so parts of a longer earlier state do not linger.
-            mode = "OverWriteAttributes"
-        response = self._call(
-            f"save {key!r}",
-            self._client.kv.update,
-            container,
-            directory,
-            item,
-            attributes=attributes,
-            condition=condition,
-            update_mode=mode,
-        )
-        if response.status_code == 200:
-            return True
-        body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else ""
-        if response.status_code != 400 or _CONDITION_FALSE not in body:
-            raise self._unexpected(f"save {key!r}", response)
-        if mtime is None:
+            return self._create(key, location, state)
+        parsed = parse_token(token)
+        if parsed is None:
+            return False  # not a version this store issued, so not the stored one
+        if isinstance(parsed, MtimeToken):
+            return self._replace_whole(key, location, state, parsed)
+        return self._append(key, location, state, parsed)
+
+    def _base_attributes(self, state: GroupState, lineage: str, version: int) -> dict[str, Any]:
+        attributes = encode_attributes(encode_state(state), compress=self.compress)
+        attributes.update({VERSION: version, LINEAGE: lineage})
+        return attributes
+
+    def _create(self, key: str, location: tuple[str, str, str], state: GroupState) -> bool:
+        lineage = new_lineage()
+        attributes = self._base_attributes(state, lineage, 1)
+        written, mtime = self._put(f"save {key!r}", location, attributes, f"not(exists({STATE}))", None)
+        if not written:
             return False
-        current = self._get(key, location, ["__mtime_secs", "__mtime_nsecs"])
-        if current is None or (current.get("__mtime_secs"), current.get("__mtime_nsecs")) != mtime:
+        self._wrote(key, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
+        self._drop_other_lineages(key, location, lineage)
+        return True
+
+    def _replace_whole(self, key: str, location: tuple[str, str, str], state: GroupState, token: MtimeToken) -> bool:
+        """Replace a base item without a log, under its mtime (the guard of the version that wrote it), by
+        one with a log: a member of that version then refuses the state, instead of replacing a base item the
+        log has moved past."""
+        lineage = new_lineage()
+        attributes = self._base_attributes(state, lineage, 1)
+        condition = (
+            f"(__mtime_secs == {token.secs}) AND (__mtime_nsecs == {token.nsecs}) "
+            f"AND ({KIND} == '{STATE_KIND}') AND ({SCHEMA} <= {SCHEMA_VERSION})"
+        )
+        written, mtime = self._put(f"save {key!r}", location, attributes, condition, "OverWriteAttributes")
+        if written:
+            self._wrote(key, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
+            self._drop_other_lineages(key, location, lineage)
+            return True
+        current = self._get(key, location, _GUARD)
+        if current is None or _mtime(current) != (token.secs, token.nsecs) or _logged(current):
             return False
         # The mtime matched, so the item was refused for what it holds: say why instead of reporting a
         # conflict that the caller would retry forever.
-        self.load(key)
+        self._read_whole(key, location)
         raise ForeignStateError(
             f"{self._where(key, location)}: the item is not marked as a dagster-streamgroup state of schema "
             f"<= {SCHEMA_VERSION}; refusing to overwrite it"
         )
+
+    def _append(self, key: str, location: tuple[str, str, str], state: GroupState, token: LogToken) -> bool:
+        """Claim version ``token.version + 1`` by creating its log item, which exists only once."""
+        guard = self._get(key, location, _GUARD)
+        if guard is None:
+            return False
+        if not _logged(guard):
+            self._read_whole(key, location)  # refuses what is foreign or newer
+            return False  # a base item without a log: the token is not of it
+        if guard[LINEAGE] != token.lineage:
+            return False
+        with self._lock:
+            known = self._known.get(key)
+        if (
+            known is None
+            or known.lineage != token.lineage
+            or known.version != token.version
+            or known.base_mtime != _mtime(guard)
+        ):
+            try:
+                known = self._read(key, location, guard)
+            except _GapError:
+                return False
+            if known is None or known.lineage != token.lineage or known.version != token.version:
+                return False  # the state moved on since the token was issued
+        rewrite = int(guard[SCHEMA]) < SCHEMA_VERSION  # an earlier schema: log the state whole, fold at once
+        body = _whole_body(state) if rewrite else _log_body(known.state, state)
+        attributes = encode_attributes(body, compress=self.compress, compress_above=LOG_COMPRESS_ABOVE)
+        attributes[VERSION] = token.version + 1
+        container, directory, item = location
+        entry = (container, directory, log_item(item, token.lineage, token.version + 1))
+        if not self._put(f"save {key!r}", entry, attributes, f"not(exists({STATE}))", None)[0]:
+            return False
+        appended = known.appended_bytes + _body_size(attributes)
+        after = _Known(token.lineage, token.version + 1, state, known.base_version, known.base_mtime, appended,
+                       known.state_bytes)  # fmt: skip
+        self._wrote(key, after, attributes)
+        if rewrite or should_fold(appended, known.state_bytes):
+            self._fold(key, location, after)
+        return True
+
+    def _fold(self, key: str, location: tuple[str, str, str], known: _Known) -> None:
+        """Write the state at ``known.version`` as the base item, then delete the log items the previous base
+        item already held. Conditional on the base item still being the one this writer built on, so of two
+        members folding at once one writes; a fold that loses changes nothing."""
+        if known.base_mtime is None:
+            return
+        attributes = self._base_attributes(known.state, known.lineage, known.version)
+        secs, nsecs = known.base_mtime
+        condition = (
+            f"(__mtime_secs == {secs}) AND (__mtime_nsecs == {nsecs}) AND ({KIND} == '{STATE_KIND}') "
+            f"AND ({SCHEMA} <= {SCHEMA_VERSION}) AND ({LINEAGE} == '{known.lineage}')"
+        )
+        written, mtime = self._put(f"fold the log of {key!r}", location, attributes, condition, "OverWriteAttributes")
+        if not written:
+            return
+        size = _body_size(attributes)
+        self._wrote(key, _Known(known.lineage, known.version, known.state, known.version, mtime, 0, size),
+                    attributes)  # fmt: skip
+        container, directory, item = location
+        folded = log_range(item, known.lineage, 0, through=known.base_version)
+        for entry in self._scan(key, (container, directory), folded, ["__name"]):
+            name = str(entry.get("__name", ""))
+            parsed = parse_log_item(item, name)
+            if parsed is not None and parsed[0] == known.lineage and parsed[1] <= known.base_version:
+                self._delete(key, (container, directory, name))
+
+    def _drop_other_lineages(self, key: str, location: tuple[str, str, str], lineage: str) -> None:
+        """Delete log items left by an earlier state of this key (deleted and created again)."""
+        container, directory, item = location
+        for entry in self._scan(key, (container, directory), every_lineage_range(item), ["__name"]):
+            name = str(entry.get("__name", ""))
+            parsed = parse_log_item(item, name)
+            if parsed is not None and parsed[0] != lineage:
+                self._delete(key, (container, directory, name))
+
+    def _wrote(self, key: str, known: _Known, attributes: dict[str, Any]) -> None:
+        self.bytes_written += _body_size(attributes)
+        with self._lock:
+            self._known[key] = known
+
+    # -- clock ----------------------------------------------------------------------------------------------
 
     def now(self) -> float:
         directory = self.directory
@@ -265,6 +585,18 @@ class V3ioStateStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _whole_body(state: GroupState) -> str:
+    return '{"state":' + encode_state(state) + "}"
+
+
+def _log_body(before: GroupState, after: GroupState) -> str:
+    try:
+        change = delta.diff(before, after)
+    except ValueError:  # another group's state, or shards removed: no delta joins them
+        return _whole_body(after)
+    return '{"delta":' + delta.encode_delta(change) + "}"
 
 
 def _port_ok(parts: Any) -> bool:

@@ -1,4 +1,4 @@
-"""KV items: PutItem (with ``UpdateMode``), UpdateItem, GetItem and GetItems.
+"""KV items: PutItem (with ``UpdateMode``), UpdateItem, GetItem and GetItems (full, parallel and range scans).
 
 A conditional write is a compare-and-set: the condition is evaluated and the write applied inside one
 storage transaction while no other request runs, and every write moves the item's
@@ -188,6 +188,44 @@ def _decode_marker(marker: str) -> str:
         raise errors.invalid("Marker is not a marker this server returned") from None
 
 
+class _KeyRange:
+    """A range scan: the items whose sharding key (the name left of its leftmost period) is ``sharding_key``
+    and whose sorting key (the rest) lies in ``[start, end)``, in name order, as the platform keeps them."""
+
+    def __init__(self, sharding_key: str, start: str | None, end: str | None) -> None:
+        if "." in sharding_key or not sharding_key:
+            raise errors.invalid("ShardingKey must be a non-empty sharding-key value without periods")
+        self.sharding_key, self.start, self.end = sharding_key, start, end
+        floor = sharding_key if start is None else f"{sharding_key}.{start}"
+        self.scan_after = floor[:-1]
+        """Strictly below every name in range (a prefix of the lowest one)."""
+        self.upper = f"{sharding_key}.{end}" if end is not None else f"{sharding_key}/"
+        """Every name in range sorts below this ('/' follows '.')."""
+
+    def past(self, name: str) -> bool:
+        return name >= self.upper
+
+    def holds(self, name: str) -> bool:
+        key, _, sort_key = name.partition(".")
+        return (
+            key == self.sharding_key
+            and (self.start is None or sort_key >= self.start)
+            and (self.end is None or sort_key < self.end)
+        )
+
+
+def _key_range(body: dict[str, Any], parallel: bool) -> _KeyRange | None:
+    sharding_key = optional_str(body, "ShardingKey")
+    start, end = optional_str(body, "SortKeyRangeStart"), optional_str(body, "SortKeyRangeEnd")
+    if sharding_key is None:
+        if start is not None or end is not None:
+            raise errors.invalid("SortKeyRangeStart and SortKeyRangeEnd need ShardingKey")
+        return None
+    if parallel:
+        raise errors.invalid("a range scan (ShardingKey) and a parallel scan (Segment) cannot be combined")
+    return _KeyRange(sharding_key, start, end)
+
+
 def get_items(store: Storage, target: Target, request: Request) -> Response:
     body = json_body(request, allow_empty=True)
     directory = target.path
@@ -204,6 +242,7 @@ def get_items(store: Storage, target: Target, request: Request) -> Response:
     segment = optional_int(body, "Segment", minimum=0)
     if segment is not None and segment >= (total or 1):
         raise errors.invalid(f"Segment {segment} must be below TotalSegment {total or 1}")
+    key_range = _key_range(body, parallel=total is not None or segment is not None)
 
     if directory:
         node = store.get_node(target.container, directory)
@@ -213,16 +252,19 @@ def get_items(store: Storage, target: Target, request: Request) -> Response:
             raise errors.not_a_directory(directory)
 
     items: list[TypedAttributes] = []
-    last_name = after
+    last_name = after if key_range is None else max(after, key_range.scan_after)
     exhausted = False
-    while len(items) < page:
+    while len(items) < page and not exhausted:
         batch = store.children(target.container, directory, after=last_name, limit=MAX_PAGE)
         if not batch:
             exhausted = True
             break
         for child in batch:
+            if key_range is not None and key_range.past(child.name):
+                exhausted = True
+                break
             last_name = child.name
-            if child.kind == KIND_DIRECTORY:
+            if child.kind == KIND_DIRECTORY or (key_range is not None and not key_range.holds(child.name)):
                 continue
             if total and (zlib.crc32(child.name.encode()) % total) != (segment or 0):
                 continue
@@ -232,7 +274,8 @@ def get_items(store: Storage, target: Target, request: Request) -> Response:
             if len(items) >= page:
                 break
     if not exhausted and len(items) >= page:
-        exhausted = not store.children(target.container, directory, after=last_name, limit=1)
+        following = store.children(target.container, directory, after=last_name, limit=1)
+        exhausted = not following or (key_range is not None and key_range.past(following[0].name))
     payload: dict[str, Any] = {
         "LastItemIncluded": "TRUE" if exhausted else "FALSE",
         "NumItems": len(items),
