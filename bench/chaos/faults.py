@@ -146,8 +146,17 @@ class Chaos:
         self.deployment.stop_sensor(name)
         return True
 
-    def start_sensor(self, name: str) -> None:
-        self.deployment.start_sensor(name)
+    def start_sensor(self, name: str, timeout_s: float = 240.0) -> None:
+        """Start a sensor again, waiting out a webserver that another fault is restarting."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.deployment.start_sensor(name)
+                break
+            except (OSError, RuntimeError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2.0)
         with self.lock:
             self.stopped_sensors.discard(name)
 
