@@ -89,13 +89,21 @@ def run_label(tags: dict[str, str]) -> str:
     return " ".join(f"{k.removeprefix('streamgroup/')}={v}" for k, v in shown)[:70]
 
 
-def print_timeline(runs: list[dict[str, Any]], produced_at: float, spark_s: dict[str, list[Any]]) -> None:
+def print_timeline(runs: list[dict[str, Any]], produced_at: float, done: dict[str, list[dict[str, Any]]]) -> None:
+    """Each run's created/started/ended marks and what its materializations say it read and how long its
+    Spark read and its user function took."""
     for run in sorted(runs, key=lambda r: r["creationTime"]):
         marks = [run.get(key) for key in ("creationTime", "startTime", "endTime")]
         since = " ".join("-" if mark is None else f"{mark - produced_at:+7.1f}" for mark in marks)
-        done = spark_s.get(run["runId"], [])
-        read = f"{len(done)} materializations, read/process s {done[0]}" if done else "no materialization"
-        print(f"  {run_label(run['tags']):<70} created/started/ended (s after producing) {since}  {read}")
+        ms = done.get(run["runId"], [])
+        records = sum(int(m.get("records") or 0) for m in ms)
+        read = (
+            f"{len(ms)} materializations, {records} records, read {ms[0].get('read_s')} s, "
+            f"process {ms[0].get('process_s')} s"
+            if ms
+            else "no materialization"
+        )
+        print(f"  {run_label(run['tags']):<60} created/started/ended (s after producing) {since}  {read}")
 
 
 def finished(
@@ -163,16 +171,16 @@ def drain(
         runs, exited = finished(example, sampler, window_wall, window_boot, drained_wall, args.timeout)
         cpu_after = process_cpu.cpu_by_part(roots)
         sampler.stop()
-        spark_s: dict[str, list[Any]] = {}
+        done: dict[str, list[dict[str, Any]]] = {}
         for m in example.dev.materializations(ASSET):
             if m["runId"] in {run["runId"] for run in runs}:
-                spark_s.setdefault(m["runId"], []).append((m.get("read_s"), m.get("process_s")))
+                done.setdefault(m["runId"], []).append(m)
         env = example.env
     counts = deployment.statuses(runs)
     print(f"drained in {drain_s:.1f} s with {len(runs)} runs {counts}", flush=True)
     timings = deployment.run_timings(runs)
     print(f"run timings (median s): {timings}", flush=True)
-    print_timeline(runs, produced_at, spark_s)
+    print_timeline(runs, produced_at, done)
     cpu_s = process_cpu.difference(cpu_after, cpu_before)
     print(f"CPU seconds from the end of the warm-up until the backlog's runs exited, by part: {cpu_s}", flush=True)
     run_cpu = process_cpu.run_cpu_figures(sampler.snapshot(), window_boot, len(runs))
