@@ -1,0 +1,131 @@
+"""What a deployment shows and stores, gathered for the secrets search: over GraphQL (what the UI shows), from
+the instance's own storages (what Dagster keeps), and from the group state's database."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import psycopg
+from dagster._core.instance.ref import InstanceRef
+from dagster._serdes import serialize_value
+from psycopg import sql
+
+from dagster_streamgroup.dagster.devserver import DagsterDev
+from tests.secrets.leaks import Evidence
+
+ERROR = """fragment E on PythonError { message className stack
+  causes { message className stack } errorChain { isExplicitLink error { message className stack } } }"""
+METADATA = """fragment M on MetadataEntry { __typename label description
+  ... on TextMetadataEntry { text } ... on JsonMetadataEntry { jsonString } ... on PathMetadataEntry { path }
+  ... on NotebookMetadataEntry { path } ... on UrlMetadataEntry { url } ... on MarkdownMetadataEntry { mdStr }
+  ... on IntMetadataEntry { intRepr } ... on FloatMetadataEntry { floatRepr } ... on BoolMetadataEntry { boolValue }
+  ... on PythonArtifactMetadataEntry { module name } ... on PoolMetadataEntry { pool } }"""
+RUNS = """{ runsOrError(limit: 100000) { __typename ... on Runs { results { runId jobName status runConfigYaml
+  tags { key value } } } } }"""
+RUN_LOGS = f"""query($id: ID!, $cursor: String) {{ logsForRun(runId: $id, afterCursor: $cursor) {{ __typename
+  ... on EventConnection {{ cursor hasMore events {{ __typename
+    ... on MessageEvent {{ message level eventType }}
+    ... on ErrorEvent {{ error {{ ...E }} }}
+    ... on DisplayableEvent {{ label description metadataEntries {{ ...M }} }}
+  }} }}
+  ... on PythonError {{ ...E }} }} }}
+{ERROR}
+{METADATA}"""
+SENSORS = f"""query($r: RepositorySelector!) {{ sensorsOrError(repositorySelector: $r) {{ __typename
+  ... on Sensors {{ results {{ name sensorState {{ status ticks(limit: 1000) {{ status skipReason runIds runKeys
+    cursor error {{ ...E }} logEvents {{ events {{ message level }} }} }} }} }} }}
+  ... on PythonError {{ ...E }} }} }}
+{ERROR}"""
+ASSET_EVENTS = f"""query($k: AssetKeyInput!) {{ assetOrError(assetKey: $k) {{ __typename ... on Asset {{
+  assetMaterializations(limit: 10000) {{ partition runId label description metadataEntries {{ ...M }} }}
+  assetObservations(limit: 10000) {{ partition runId label description metadataEntries {{ ...M }} }} }} }} }}
+{METADATA}"""
+
+
+def _query(dev: DagsterDev, evidence: Evidence, query: str, variables: dict[str, Any] | None = None) -> Any:
+    """A GraphQL answer; a server error's body is kept as evidence too (it is what a client would be shown)."""
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    request = urllib.request.Request(f"{dev.url}/graphql", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            payload = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace")
+        evidence.add("graphql: an error answer", text)
+        raise RuntimeError(f"GraphQL answered {exc.code}: {text[:3000]}") from None
+    if payload.get("errors"):
+        evidence.add("graphql: an error answer", json.dumps(payload))
+        raise RuntimeError(f"GraphQL errors: {payload['errors']}")
+    return payload["data"]
+
+
+def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str], location: str) -> dict[str, int]:
+    """Runs (tags, config), every event of every run (messages, errors, metadata), sensor ticks (errors, skip
+    reasons, logs) and the assets' materializations and observations, as the webserver serves them; the
+    counts of what was read."""
+    runs = _query(dev, evidence, RUNS)["runsOrError"]["results"]
+    evidence.add("graphql: runs (tags, run config)", json.dumps(runs))
+    events = 0
+    for run in runs:
+        cursor = None
+        while True:
+            page = _query(dev, evidence, RUN_LOGS, {"id": run["runId"], "cursor": cursor})["logsForRun"]
+            evidence.add(f"graphql: events of run {run['runId']}", json.dumps(page))
+            if page["__typename"] != "EventConnection":
+                break
+            events += len(page["events"])
+            if not page["hasMore"]:
+                break
+            cursor = page["cursor"]
+    selector = {"repositoryLocationName": location, "repositoryName": "__repository__"}
+    sensors = _query(dev, evidence, SENSORS, {"r": selector})["sensorsOrError"]
+    evidence.add("graphql: sensor ticks", json.dumps(sensors))
+    ticks = sum(len(s["sensorState"]["ticks"]) for s in sensors.get("results", []))
+    asset_events = 0
+    for asset in assets:
+        found = _query(dev, evidence, ASSET_EVENTS, {"k": {"path": [asset]}})["assetOrError"]
+        evidence.add(f"graphql: asset {asset}", json.dumps(found))
+        asset_events += len(found.get("assetMaterializations", [])) + len(found.get("assetObservations", []))
+    return {"runs": len(runs), "run_events": events, "sensor_ticks": ticks, "asset_events": asset_events}
+
+
+def instance_evidence(home: Path, evidence: Evidence) -> dict[str, int]:
+    """The instance's storages read through Dagster itself: each run (tags, config, status) and every event
+    log entry of every run, serialized as Dagster stores them."""
+    counts = {"runs": 0, "event_log_entries": 0}
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        for record in instance.get_run_records():
+            counts["runs"] += 1
+            evidence.add("event log storage: runs", serialize_value(record.dagster_run))
+            entries = instance.all_logs(record.dagster_run.run_id)
+            counts["event_log_entries"] += len(entries)
+            evidence.add(f"event log storage: run {record.dagster_run.run_id}", serialize_value(entries))
+    return counts
+
+
+def database_evidence(admin_url: str, database: str, evidence: Evidence) -> dict[str, int]:
+    """Every row of every table in ``database`` (the group state's), as text."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+    conninfo = psycopg.conninfo.make_conninfo(
+        host=url.host, port=url.port, user=url.username, password=url.password, dbname=database, connect_timeout=10
+    )
+    rows = 0
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            ).fetchall()
+        ]
+        for table in tables:
+            found: list[Any] = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table))).fetchall()
+            rows += len(found)
+            evidence.add(f"group state database: table {table}", repr(found))
+    return {"tables": len(tables), "rows": rows}

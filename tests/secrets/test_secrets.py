@@ -1,0 +1,474 @@
+"""Secrets never leak: the example deployed with a SASL password, a v3io access key and a PostgreSQL password,
+each a fresh random value given only as the docs say (a mounted file, ``dagster.EnvVar``), runs that succeed
+and a run that fails on a rotated password, the CLI with good and bad configurations; then every log line, run
+tag, event, metadata entry, sensor tick, error and stored byte of the deployment, and the CLI's output, is
+searched for each value (as written, hex and base64).
+
+Real parts throughout: a real ``dagster dev`` (daemon, webserver, code server) with the example's asset and
+member sensors, the local broker, the project's v3io server requiring its key, PostgreSQL, local Spark. One
+stand-in: the SASL/PLAIN gate in front of the broker (``sasl_gate.py`` says why no local broker can check a
+SASL login).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import psycopg
+import pytest
+from dagster._core.instance.ref import InstanceRef
+from psycopg import sql
+from pydantic import SecretStr
+from sqlalchemy.engine import URL, make_url
+
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, V3ioStreamGroup
+from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
+from dagster_streamgroup.dagster.resources import release_cached_clients
+from dagster_streamgroup.dagster.tags import TAG_GROUP
+from dagster_streamgroup.local.dagster_storage import provision_database
+from dagster_streamgroup.local.kafka_broker import broker_binary, free_port, stop, wait_until_answering
+from dagster_streamgroup.local.kafka_data import create_topics
+from dagster_streamgroup.local.spark_connect import ConnectServerSettings, running_connect_server
+from dagster_streamgroup.local.v3io.testing import V3ioServerProcess
+from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
+from jobs.clickstream_events import ensure_v3io_stream, produce_burst, produce_v3io_burst, producers, v3io_client
+from tests.e2e.scenario import committed_at_high, ended_runs
+from tests.secrets import definitions as location
+from tests.secrets.evidence import database_evidence, graphql_evidence, instance_evidence
+from tests.secrets.leaks import Evidence, describe, find_secrets, needles
+from tests.secrets.sasl_gate import SaslPlainGate
+
+WORKSPACE = Path(__file__).with_name("workspace.yaml")
+DEFINITIONS = Path(__file__).with_name("definitions.py")
+V3IO_CONTAINER = "bigdata"
+PARTITIONS = 2
+RECORDS = 2_000
+CLI = str(ROOT / ".venv/bin/streamgroup")
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(24)
+
+
+# The peers: the broker behind the SASL gate, a v3io server that requires its key, the state's database.
+
+
+@dataclass
+class SaslBroker:
+    gate: SaslPlainGate
+    pid: int
+    log: Path
+
+    def client_config(self, password: str) -> KafkaStreamConfig:
+        return KafkaStreamConfig(
+            bootstrap_servers=self.gate.address,
+            topics=["unused"],
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_username=location.SASL_USERNAME,
+            sasl_password=SecretStr(password),
+        )
+
+
+@contextlib.contextmanager
+def sasl_broker(work: Path, password: str) -> Iterator[SaslBroker]:
+    """The local broker on a private port, advertising the gate's address: every client connection, the
+    first and the ones to the partition leader, passes the gate."""
+    broker_port = free_port()
+    gate = SaslPlainGate(("127.0.0.1", broker_port), location.SASL_USERNAME, password)
+    log = work / "broker.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                broker_binary(),
+                "broker",
+                "--listener-url",
+                f"tcp://127.0.0.1:{broker_port}",
+                "--advertised-listener-url",
+                f"tcp://{gate.address}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        wait_until_answering(f"127.0.0.1:{broker_port}", 20.0, proc)
+        yield SaslBroker(gate, proc.pid, log)
+    finally:
+        gate.close()
+        stop(proc.pid)
+
+
+@dataclass(frozen=True)
+class StateDatabase:
+    admin_url: str
+    role: str
+    database: str
+
+    def url(self, password: str) -> str:
+        admin = make_url(self.admin_url)
+        return URL.create(
+            "postgresql", username=self.role, password=password, host=admin.host, port=admin.port,
+            database=self.database,
+        ).render_as_string(hide_password=False)  # fmt: skip
+
+
+def state_database(admin_url: str, password: str) -> StateDatabase:
+    """A login role and database of the group state's own (only the password's SCRAM verifier reaches the
+    server), so nothing in the search can come from the shared superuser's URL."""
+    name = f"sg_secrets_{uuid.uuid4().hex[:8]}"
+    provision_database(admin_url, password, role=name, database=name)
+    return StateDatabase(admin_url, name, name)
+
+
+def write_secret_file(directory: Path, value: str) -> None:
+    """Replace the mounted password file in one rename, as a secret volume's update does."""
+    target = directory / location.SASL_PASSWORD_FILE
+    fd, tmp = tempfile.mkstemp(dir=directory)
+    with os.fdopen(fd, "w") as out:
+        out.write(value + "\n")
+    os.replace(tmp, target)
+
+
+# What the test drives: the CLI, runs, progress.
+
+
+@dataclass
+class CliResult:
+    name: str
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(commands: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, CliResult]:
+    """``streamgroup`` commands side by side (each loads the definitions; some wait on a refused login)."""
+    started = {
+        name: subprocess.Popen(
+            [CLI, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, (args, env) in commands.items()
+    }
+    results = {}
+    for name, proc in started.items():
+        out, err = proc.communicate(timeout=240)
+        results[name] = CliResult(name, commands[name][0], proc.returncode, out, err)
+    return results
+
+
+def group_runs(dev: DagsterDev, group: str) -> list[dict[str, Any]]:
+    return [r for r in dev.runs() if r["tags"].get(TAG_GROUP) == group]
+
+
+def caught_up(resource: StreamGroupResource) -> bool:
+    """The offsets the group mirrored into the stream are at every shard's high watermark."""
+    return committed_at_high(resource) is not None
+
+
+def kafka_resource(broker: SaslBroker, group: str, topic: str, password: str) -> KafkaStreamGroup:
+    return KafkaStreamGroup(
+        group=group,
+        bootstrap_servers=broker.gate.address,
+        topics=[topic],
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username=location.SASL_USERNAME,
+        sasl_password=password,
+    )
+
+
+def produce_kafka(broker: SaslBroker, topic: str, password: str, count: int, seed: int) -> None:
+    bulk, trailer = producers(broker.client_config(password).client_config())
+    produce_burst(bulk, trailer, topic, PARTITIONS, count, random.Random(seed))
+
+
+# The search itself can fail: a planted secret is reported wherever it hides.
+
+
+def test_search_reports_a_planted_secret(tmp_path: Path) -> None:
+    secret = new_secret()
+    evidence = Evidence()
+    evidence.add("clean log", "INFO a line with nothing to hide")
+    assert find_secrets(evidence, {"planted": secret}) == []
+    evidence.add("a log line", f"ERROR connect failed with password={secret}")
+    evidence.add("a debug dump", f"header: {needles(secret)['base64@1'].decode()}")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "events.db").write_bytes(b"\x00\x01" + secret.encode().hex().encode() + b"\x02")
+    evidence.add_tree(tmp_path)
+    found = {(f.where, f.encoding) for f in find_secrets(evidence, {"planted": secret})}
+    assert ("a log line", "raw") in found
+    assert any(where == "a debug dump" and enc.startswith("base64") for where, enc in found)
+    assert (str(tmp_path / "nested" / "events.db"), "hex") in found
+
+
+@pytest.mark.parametrize("shift", [0, 1, 2])
+def test_base64_needles_match_the_secret_inside_a_longer_encoding(shift: int) -> None:
+    import base64
+
+    secret = new_secret()
+    encoded = base64.b64encode(b"user\0" + b"x" * shift + secret.encode() + b"\0tail")
+    assert any(needle in encoded for name, needle in needles(secret).items() if name.startswith("base64@"))
+
+
+def test_search_refuses_a_secret_too_short_to_search() -> None:
+    with pytest.raises(ValueError, match="too short"):
+        find_secrets(Evidence(), {"pin": "1234"})
+
+
+# The deployment.
+
+
+KEEP_ENV = "STREAMGROUP_SECRETS_KEEP"
+
+
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    """A fresh directory; kept (and printed) with ``STREAMGROUP_SECRETS_KEEP=1``, to read the logs after a failure."""
+    tmp = Path(tempfile.mkdtemp(prefix="streamgroup-secrets-"))
+    try:
+        yield tmp
+    finally:
+        if os.environ.get(KEEP_ENV) == "1":
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def set_role_password(database: StateDatabase, password: str) -> None:
+    """Rotate the state role's password on the server (only its SCRAM verifier is sent)."""
+    admin = make_url(database.admin_url)
+    conninfo = psycopg.conninfo.make_conninfo(
+        host=admin.host, port=admin.port, user=admin.username, password=admin.password, dbname=admin.database,
+        connect_timeout=10,
+    )  # fmt: skip
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        verifier = conn.pgconn.encrypt_password(password.encode(), database.role.encode(), b"scram-sha-256").decode()
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(database.role), sql.Literal(verifier)))
+
+
+def new_failed_run(dev: DagsterDev, group: str, before: set[str], timeout_s: float = 300.0) -> dict[str, Any]:
+    def failed() -> dict[str, Any] | None:
+        runs = group_runs(dev, group)
+        return next((r for r in runs if r["runId"] not in before and r["status"] == "FAILURE"), None)
+
+    return wait_for(f"a failed run of group {group}", failed, timeout_s, 1.0)
+
+
+@pytest.mark.kafka
+@pytest.mark.v3io
+@pytest.mark.postgres
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_dir: Path) -> None:
+    values = {
+        "sasl_password": new_secret(),
+        "sasl_password_rotated": new_secret(),
+        "v3io_access_key": new_secret(),
+        "postgres_password": new_secret(),
+        "postgres_password_rotated": new_secret(),
+        "postgres_password_wrong": new_secret(),
+        "sasl_password_wrong": new_secret(),
+        "v3io_access_key_wrong": new_secret(),
+    }
+    home, output, secret_dir = work_dir / "home", work_dir / "output", work_dir / "mounted-secrets"
+    secret_dir.mkdir()
+    write_secret_file(secret_dir, values["sasl_password"])
+    database = state_database(postgres_url, values["postgres_password"])
+    group, topic = f"secrets_{uuid.uuid4().hex[:8]}", f"clicks-{uuid.uuid4().hex[:8]}"
+    v3io_group, stream_path = f"{group}_v3io", f"clicks_{uuid.uuid4().hex[:8]}"
+    evidence = Evidence()
+    counts: dict[str, Any] = {}
+    started = time.monotonic()
+
+    def elapsed() -> str:
+        return f"{time.monotonic() - started:.0f} s"
+
+    with contextlib.ExitStack() as stack:
+        broker = stack.enter_context(sasl_broker(work_dir, values["sasl_password"]))
+        stack.callback(release_cached_clients)  # before the servers stop: a client left would reconnect
+        v3io_server = V3ioServerProcess(work_dir / "v3io-server", access_key=values["v3io_access_key"])
+        info = v3io_server.start()
+        stack.callback(v3io_server.stop)
+        connect = stack.enter_context(
+            running_connect_server(settings=ConnectServerSettings(master="local[2]", driver_memory="1g"))
+        )
+
+        # Data on both streams before the deployment starts.
+        create_topics(broker.client_config(values["sasl_password"]).client_config(), {topic: PARTITIONS})
+        produce_kafka(broker, topic, values["sasl_password"], RECORDS, seed=1)
+        client = v3io_client(info.endpoint, values["v3io_access_key"])
+        stack.callback(client.close)
+        shards = ensure_v3io_stream(client, V3IO_CONTAINER, stream_path, PARTITIONS)
+        produce_v3io_burst(client, V3IO_CONTAINER, stream_path, shards, RECORDS, random.Random(2))
+        v3io = V3ioStreamGroup(
+            group=v3io_group, endpoint=info.endpoint, container=V3IO_CONTAINER, stream_path=stream_path,
+            access_key=values["v3io_access_key"], store_url="v3io",
+        )  # fmt: skip
+
+        env = {
+            "CLICKSTREAM_STREAM": "kafka",
+            "CLICKSTREAM_GROUP": group,
+            "CLICKSTREAM_BOOTSTRAP": broker.gate.address,
+            "CLICKSTREAM_TOPIC": topic,
+            "CLICKSTREAM_V3IO_API": info.endpoint,
+            "CLICKSTREAM_V3IO_CONTAINER": V3IO_CONTAINER,
+            "CLICKSTREAM_V3IO_STREAM_PATH": stream_path,
+            "CLICKSTREAM_MEMBERS": "1",
+            "CLICKSTREAM_HEARTBEAT_S": "3",
+            "CLICKSTREAM_SESSION_TIMEOUT_S": "15",
+            "CLICKSTREAM_MIN_BACKLOG": "1",
+            "CLICKSTREAM_MAX_WAIT_S": "0",
+            "CLICKSTREAM_OUTPUT": str(output),
+            "CLICKSTREAM_SPARK_REMOTE": connect.remote,  # the example's default: runs attach to a Connect server
+            # The secrets, as docs/kafka.md and docs/dagster.md have them given:
+            location.SECRET_PATH_ENV: str(secret_dir),
+            location.STORE_URL_ENV: database.url(values["postgres_password"]),
+            location.V3IO_KEY_ENV: values["v3io_access_key"],
+        }
+        dev_log = work_dir / "dagster-dev.log"
+        dev = DagsterDev(home, env, dev_log, workspace=WORKSPACE)
+        stack.callback(dev.close)
+        dev.start()
+
+        # 1. Runs succeed on both streams: the SASL login, the key and the PostgreSQL store all work.
+        kafka = kafka_resource(broker, group, topic, values["sasl_password"])
+        wait_for("both groups to drain", lambda: caught_up(kafka) and caught_up(v3io), 300.0, 2.0)
+        runs = ended_runs(dev)
+        assert {r["status"] for r in runs} == {"SUCCESS"}, runs
+        assert {r["tags"][TAG_GROUP] for r in runs} == {group, v3io_group}
+        print(f"both groups drained, {elapsed()} after the start", flush=True)
+
+        # 2. The SASL password is rotated on the broker while the deployment still holds the old one: the
+        #    members keep their logged-in connections, the next run logs in anew and is refused. Then the
+        #    mounted secret is updated, and the retry logs in with the new password and commits the range.
+        before = {r["runId"] for r in runs}
+        broker.gate.rotate(values["sasl_password_rotated"])
+        produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=3)
+        refused = new_failed_run(dev, group, before)
+        write_secret_file(secret_dir, values["sasl_password_rotated"])
+        assert broker.gate.refused > 0, "no login was refused: the run did not fail on the rotated password"
+        kafka = kafka_resource(broker, group, topic, values["sasl_password_rotated"])
+        wait_for("the retry after the secret update", lambda: caught_up(kafka), 300.0, 2.0)
+        print(f"run {refused['runId']} failed on the rotated SASL password, retried: {elapsed()}", flush=True)
+
+        # 3. The state database's password is rotated while the deployment holds the old one: a run (a new
+        #    process, new connections) cannot reach the store. Rotated back, the retry commits.
+        before = {r["runId"] for r in ended_runs(dev)}
+        set_role_password(database, values["postgres_password_rotated"])
+        produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=4)
+        store_failure = new_failed_run(dev, group, before)
+        set_role_password(database, values["postgres_password"])
+        wait_for("the retry after the store came back", lambda: caught_up(kafka), 300.0, 2.0)
+        after = [r for r in ended_runs(dev) if r["runId"] not in before and r["tags"].get(TAG_GROUP) == group]
+        assert "SUCCESS" in {r["status"] for r in after}, after
+        print(f"run {store_failure['runId']} failed on the rotated store password, retried: {elapsed()}", flush=True)
+
+        counts["graphql"] = graphql_evidence(
+            dev, evidence, ["page_views_per_minute", location.V3IO_ASSET], "clickstream"
+        )
+        dev.stop()
+
+        # 4. The CLI with the deployment's configuration, then with bad ones.
+        cli_env = {**dev.env, "PYTHONPATH": str(ROOT)}
+        wrong_secret_dir = work_dir / "wrong-secrets"
+        wrong_secret_dir.mkdir()
+        write_secret_file(wrong_secret_dir, values["sasl_password_wrong"])
+        definitions = ["--definitions", str(DEFINITIONS)]
+        shard = f"{topic}:0"
+        dry_run = ["backfill", "--group", group, "--shard", shard, "--from", "0", "--to", "100", "--dry-run"]
+        bad_port_url = database.url(values["postgres_password_wrong"]).replace(
+            f":{make_url(postgres_url).port}/", ":notaport/"
+        )
+        cli = run_cli(
+            {
+                "status": (["status", "--group", group, *definitions], cli_env),
+                "status v3io": (["status", "--group", v3io_group, *definitions], cli_env),
+                "backfill --dry-run": ([*dry_run, *definitions], cli_env),
+                "status, wrong store password": (
+                    ["status", "--group", group, *definitions],
+                    {**cli_env, location.STORE_URL_ENV: database.url(values["postgres_password_wrong"])},
+                ),
+                "status, store URL with a bad port": (
+                    ["status", "--group", group, *definitions],
+                    {**cli_env, location.STORE_URL_ENV: bad_port_url},
+                ),
+                "status, wrong SASL password": (
+                    ["status", "--group", group, *definitions],
+                    {**cli_env, location.SECRET_PATH_ENV: str(wrong_secret_dir)},
+                ),
+                "status v3io, wrong access key": (
+                    ["status", "--group", v3io_group, *definitions],
+                    {**cli_env, location.V3IO_KEY_ENV: values["v3io_access_key_wrong"]},
+                ),
+            }
+        )
+        for result in cli.values():
+            evidence.add(f"cli: {result.name}: stdout", result.stdout)
+            evidence.add(f"cli: {result.name}: stderr", result.stderr)
+            print(f"--- streamgroup {result.name}: exit {result.returncode}\n{result.stdout}{result.stderr}")
+        print(f"CLI done: {elapsed()}", flush=True)
+
+        # 5. Everything the deployment wrote and stored: logs (dagster dev, compute logs, the Spark Connect
+        #    server's), Dagster's storages, the group states (PostgreSQL; the KV item next to the v3io stream),
+        #    the output; searched while the Connect server's scratch directory still exists.
+        counts["event log storage"] = instance_evidence(home, evidence)
+        counts["group state database"] = database_evidence(postgres_url, database.database, evidence)
+        for place in (home, output, dev_log, connect.scratch, work_dir / "v3io-server", broker.log):
+            evidence.add_tree(place)
+        compute_logs = [p for p in evidence.files if p.suffix in {".out", ".err"} and home in p.parents]
+        counts["logs"] = {
+            "dagster dev lines": dev_log.read_text(errors="replace").count("\n"),
+            "compute log files": len(compute_logs),
+            "spark connect server lines": connect.log_path.read_text(errors="replace").count("\n"),
+        }
+        findings = find_secrets(evidence, values)
+        print(f"searched {evidence.summary()}: {counts}; {elapsed()}", flush=True)
+
+        # 6. The same search finds a secret planted in a run tag of (a copy of) this instance.
+        planted_home = work_dir / "planted-home"
+        shutil.copytree(home, planted_home)
+        with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(planted_home))) as instance:
+            instance.add_run_tags(refused["runId"], {"planted": values["sasl_password"]})
+        planted = Evidence()
+        instance_evidence(planted_home, planted)
+        planted.add_tree(planted_home)
+        planted_findings = find_secrets(planted, {"sasl_password": values["sasl_password"]})
+
+    found_where = {(f.where, f.encoding) for f in planted_findings}
+    assert ("event log storage: runs", "raw") in found_where, describe(planted_findings)
+    assert any(f.where.endswith("runs.db") for f in planted_findings), describe(planted_findings)
+
+    assert not findings, f"secrets found:\n{describe(findings)}"
+
+    # The error paths searched above were taken: the broker's refusal and the store's refusal are in the runs'
+    # events, and each CLI command ended as it should.
+    shown = b"".join(evidence.texts.values())
+    assert b"password authentication failed" in shown
+    assert b"All broker connections are down" in shown or b"Authentication failed" in shown
+    assert cli["status"].returncode == 0 and group in cli["status"].stdout, cli["status"]
+    assert cli["status v3io"].returncode == 0 and v3io_group in cli["status v3io"].stdout, cli["status v3io"]
+    assert cli["backfill --dry-run"].returncode == 0 and f"{shard} [0, 100)" in cli["backfill --dry-run"].stdout
+    for name in ("status, wrong store password", "status, wrong SASL password", "status v3io, wrong access key"):
+        assert cli[name].returncode != 0, cli[name]
+    bad_port = cli["status, store URL with a bad port"]
+    assert bad_port.returncode != 0 and "store_url" in bad_port.stderr, bad_port
+    logs = counts["logs"]
+    assert logs["compute log files"] > 0 and logs["spark connect server lines"] > 0, counts
+    assert counts["graphql"]["run_events"] > 0 and counts["group state database"]["rows"] > 0, counts
