@@ -248,6 +248,26 @@ class ChaosDeployment:
 
         wait_for("the code location to load", loaded, timeout_s, 1.0)
 
+    def failure_messages(self, run_id: str) -> list[str]:
+        """Why a run failed, as Dagster recorded it: its step failures' errors and run failure events."""
+        data = self.dev.graphql(
+            """query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection(limit: 1000) { events {
+                 __typename ... on MessageEvent { message }
+                 ... on ExecutionStepFailureEvent { error { message cause { message cause { message } } } } }
+                 } } } }""",
+            {"id": run_id},
+        )
+        events = data["runOrError"].get("eventConnection", {}).get("events", [])
+        out = []
+        for event in events:
+            error = event.get("error") if event["__typename"] == "ExecutionStepFailureEvent" else None
+            while error:  # Dagster wraps the user's exception: its cause holds the message
+                out.append(error["message"])
+                error = error.get("cause")
+            if event["__typename"] in {"RunFailureEvent", "EngineEvent"} and "killed" in event.get("message", ""):
+                out.append(event["message"])
+        return out
+
     def materializations(self) -> list[dict[str, Any]]:
         return self.dev.materializations(ASSET)
 

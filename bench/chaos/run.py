@@ -115,6 +115,40 @@ class Sampler:
         return all(self.latest.get((source, shard)) == end for shard, end in targets.items())
 
 
+FAILURE_CAUSES = (
+    ("commit_refused", "commit refused"),
+    ("poison", "poison records"),
+    ("worker_killed", "killed"),
+    ("worker_gone", "is not running"),
+    ("spark_connect", "sparkconnect"),
+    ("spark_connect", "spark connect"),
+    ("state_store", "state store"),
+)
+
+
+def failure_cause(messages: list[str]) -> str:
+    """The first known cause named in a failed run's messages (``other`` when none is)."""
+    text = " ".join(messages).lower()
+    return next((cause for cause, needle in FAILURE_CAUSES if needle in text), "other")
+
+
+def failure_causes(deployment: ChaosDeployment, runs: list[dict[str, Any]]) -> tuple[dict[str, int], list[str]]:
+    causes: Counter[str] = Counter()
+    others: list[str] = []
+    for run in runs:
+        if run["status"] != "FAILURE":
+            continue
+        try:
+            messages = deployment.failure_messages(run["runId"])
+        except Exception as exc:  # a run whose events cannot be read is counted, not dropped
+            messages = [f"events unreadable: {exc}"]
+        cause = failure_cause(messages)
+        causes[cause] += 1
+        if cause == "other":
+            others.append(f"{run['runId']}: {' | '.join(m[:200] for m in messages)[:400]}")
+    return dict(causes), others
+
+
 def chunk_sizes(messages: int, chunks: int) -> list[int]:
     base, extra = divmod(messages, chunks)
     return [base + (1 if i < extra else 0) for i in range(chunks)]
@@ -163,6 +197,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         drained = _drain(chaos, sampler, highs, deadline)
         drain_s = round(time.monotonic() - produced_at, 1) if drained else None
         runs = _ended_runs(deployment, min(240.0, max(10.0, deadline - time.monotonic())))
+        causes, unexplained = failure_causes(deployment, runs)
         sampler.stop()
         materialized = deployment.materializations()
         state = chaos.state()
@@ -194,6 +229,8 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
                 "repaired_materializations": check.repaired_materializations,
                 "materializations": len(committed),
                 "runs": dict(Counter(r["status"] for r in runs)),
+                "failed_runs_by_cause": causes,
+                "failed_runs_unexplained": unexplained[:5],
                 "dead_letters": len(letters),
                 "broker_lost_acknowledged": sum(max(0, end - highs.get(s, 0)) for s, end in acknowledged.items()),
                 "samples": len(sampler.samples),

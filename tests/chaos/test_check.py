@@ -8,6 +8,7 @@ import pytest
 from bench.chaos import recorder
 from bench.chaos.check import Committed, Sample, merge, subtract, verdict
 from bench.chaos.faults import KINDS, plan
+from bench.chaos.run import failure_cause
 from bench.chaos.settings import settings_from_env
 
 SHARD = "t:0"
@@ -112,3 +113,11 @@ def test_a_bad_deployment_setting_names_its_variable() -> None:
         settings_from_env({**env, "CHAOS_SPARK_REMOTE": "http://x"})
     with pytest.raises(ValueError, match="CHAOS_MEMBERS"):
         settings_from_env({**env, "CHAOS_SPARK_REMOTE": "sc://127.0.0.1:1", "CHAOS_MEMBERS": "0"})
+
+
+def test_failed_runs_are_sorted_by_the_cause_their_messages_name() -> None:
+    wrapped = ['Error occurred while executing op "chaos_ranges":', "commit refused: shard t:0 moved: it is now ..."]
+    assert failure_cause(wrapped) == "commit_refused"
+    assert failure_cause(["ValueError: poison records in t:3 (3) while poison-switch is on"]) == "poison"
+    assert failure_cause(["run worker process 12 (forked) was killed by SIGKILL"]) == "worker_killed"
+    assert failure_cause(["something else"]) == "other"
