@@ -46,6 +46,7 @@ def run(go_fd: int, execute_run_args: str, inherited_fds: Iterable[int]) -> NoRe
 
 
 def make_fork_safe(inherited_fds: Iterable[int]) -> None:
+    signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)

@@ -135,13 +135,16 @@ class ForkServerHandle:
                 raise ForkServerUnavailableError(f"the fork server did not release child {forked.pid}: {released}")
             return forked
 
-    def collect_exits(self) -> None:
-        """Take in the exit notices the server sent since the last request."""
-        if not self._lock.acquire(blocking=False):
+    def collect_exits(self, timeout_s: float = 0.0) -> None:
+        """Take in the exit notices the server sent since the last request (waiting up to ``timeout_s`` for
+        one, and for a launch in progress to finish its request)."""
+        if not self._lock.acquire(timeout=max(timeout_s, REPLY_TIMEOUT_S)):
             return
         try:
+            wait = timeout_s
             while True:
-                message = self.channel.recv(timeout_s=0)
+                message = self.channel.recv(timeout_s=wait)
+                wait = 0.0
                 if message is None:
                     return
                 if isinstance(message, Exited):

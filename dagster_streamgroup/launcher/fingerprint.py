@@ -36,6 +36,16 @@ class Fingerprint(BaseModel):
         """The paths whose file changed, appeared or disappeared since the stamps were taken."""
         return [s.path for s in self.stamps if stamp(s.path) != s]
 
+    def distrusting(self, modified_since_ns: int) -> Fingerprint:
+        """Files modified after ``modified_since_ns`` may have changed between their import and their stamp:
+        their stamps are voided, so they count as changed."""
+        return Fingerprint(
+            stamps=tuple(
+                s if s.mtime_ns < modified_since_ns else FileStamp(path=s.path, mtime_ns=-2, size=-2, inode=-2)
+                for s in self.stamps
+            )
+        )
+
 
 def stamp(path: str) -> FileStamp:
     try:

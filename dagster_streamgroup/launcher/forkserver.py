@@ -16,6 +16,7 @@ import contextlib
 import gc
 import importlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -42,7 +43,11 @@ from dagster_streamgroup.launcher.protocol import (
     Exited as ExitedMessage,
 )
 
-REAP_INTERVAL_S = 1.0
+REAP_INTERVAL_S = 5.0
+"""The loop wakes on SIGCHLD and on requests; this is only a backstop."""
+CLOCK_SLACK_NS = 100_000_000
+"""File times come from the kernel's coarse clock; a file written this long before the preload began still
+counts as possibly written during it."""
 DEFINITION_MODULES = ("dagster._cli.api", "dagster._core.execution.api", "dagster._grpc.impl")
 """What ``dagster api execute_run`` imports before it loads the user's code."""
 
@@ -86,9 +91,12 @@ class ForkServer:
         self.channel = channel
         self.unreleased: dict[int, int] = {}
         """Forked children waiting for their go-ahead, by PID: the write end of each one's pipe."""
+        self.own_fds: list[int] = []
+        """The server's own pipes, which its children close."""
 
     def preload(self, request: Preload) -> bool:
         started, cpu_started = time.perf_counter(), time.process_time()
+        since = time.time_ns() - CLOCK_SLACK_NS
         missing: list[str] = []
         extra_files: list[str] = []
         try:
@@ -111,7 +119,7 @@ class ForkServer:
         self.channel.send(
             Ready(
                 pid=os.getpid(),
-                fingerprint=fingerprint.take(list(sys.modules.values()), extra_files),
+                fingerprint=fingerprint.take(list(sys.modules.values()), extra_files).distrusting(since),
                 preload_s=round(time.perf_counter() - started, 3),
                 preload_cpu_s=round(time.process_time() - cpu_started, 3),
                 modules_loaded=len(sys.modules),
@@ -121,10 +129,26 @@ class ForkServer:
         return True
 
     def serve(self) -> None:
+        # SIGCHLD wakes the loop, so a child is waited for (and its exit reported) as soon as it ends.
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        self.own_fds = [wake_r, wake_w]
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         try:
             while True:
                 self._reap()
-                message = self.channel.recv(timeout_s=REAP_INTERVAL_S)
+                if not self.channel.pending():
+                    sock = self.channel.sock.fileno()
+                    readable, _, _ = select.select([sock, wake_r], [], [], REAP_INTERVAL_S)
+                    if wake_r in readable:
+                        with contextlib.suppress(BlockingIOError):
+                            while os.read(wake_r, 512):
+                                pass
+                    if sock not in readable:
+                        continue
+                message = self.channel.recv(timeout_s=0)
                 if isinstance(message, Fork):
                     self._fork(message)
                 elif isinstance(message, Release):
@@ -144,7 +168,7 @@ class ForkServer:
             self.channel.send(Refused(reason=f"{len(threads)} threads are running ({', '.join(threads)})"))
             return
         go_r, go_w = os.pipe()
-        inherited = [self.channel.sock.fileno(), go_w, *self.unreleased.values()]
+        inherited = [self.channel.sock.fileno(), go_w, *self.own_fds, *self.unreleased.values()]
         pid = os.fork()
         if pid == 0:
             child.run(go_r, request.execute_run_args, inherited)

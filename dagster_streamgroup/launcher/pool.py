@@ -14,6 +14,9 @@ from dagster_streamgroup.launcher.fingerprint import Fingerprint
 from dagster_streamgroup.launcher.protocol import Preload
 from dagster_streamgroup.launcher.settings import LauncherSettings
 
+START_ATTEMPTS = 3
+EXIT_NOTICE_WAIT_S = 2.0
+
 
 @dataclass(frozen=True)
 class _FailedStart:
@@ -75,9 +78,8 @@ class ServerPool:
                 instance_ref=instance_ref,
                 modules=self.settings.preload_modules,
             )
-            executable = origin.executable_path
             try:
-                server = ForkServerHandle.start(preload, executable, generation, self.settings.start_timeout_seconds)
+                server = self._start(preload, origin.executable_path, generation)
             except ForkServerUnavailableError as exc:
                 message = f"{reason}; a new one could not start: {exc}" if reason else str(exc)
                 self._failed[key] = _FailedStart(message, time.monotonic(), generation, exc.fingerprint)
@@ -86,18 +88,37 @@ class ServerPool:
             self._servers[key] = server
             return Lease(server, reason)
 
+    def _start(self, preload: Preload, executable: str, generation: str | None) -> ForkServerHandle:
+        """A server whose code did not change while it loaded it (a file saved during an edit, or a checkout
+        in progress); after ``START_ATTEMPTS`` servers that each saw a change, none."""
+        for _ in range(START_ATTEMPTS):
+            server = ForkServerHandle.start(preload, executable, generation, self.settings.start_timeout_seconds)
+            changed = server.ready.fingerprint.changed()
+            if not changed:
+                return server
+            server.close()
+        raise ForkServerUnavailableError(
+            f"its code kept changing while fork servers loaded it ({_shown(changed)})", server.ready.fingerprint
+        )
+
     def _retire(self, key: str) -> None:
         server = self._servers.pop(key)
         server.close()
         self.retired_exits.update(server.exits)
 
-    def exit_status(self, pid: int) -> int | None:
-        """How a child of one of these servers ended, if one of them waited for it."""
-        for server in list(self._servers.values()):
-            server.collect_exits()
+    def exit_status(self, pid: int, server_pid: int, wait_s: float = EXIT_NOTICE_WAIT_S) -> int | None:
+        """How a child of server ``server_pid`` ended, if that server is one of these and waited for it (it
+        reports an exit within milliseconds; ``wait_s`` covers a loaded host)."""
+        server = next((s for s in list(self._servers.values()) if s.pid == server_pid), None)
+        if server is None:
+            return self.retired_exits.get(pid)
+        deadline = time.monotonic() + wait_s
+        while True:
+            server.collect_exits(timeout_s=0.1)
             if pid in server.exits:
                 return server.exits[pid]
-        return self.retired_exits.get(pid)
+            if time.monotonic() > deadline or not server.alive():
+                return None
 
     def servers(self) -> list[ForkServerHandle]:
         return list(self._servers.values())
@@ -116,6 +137,9 @@ def _why_retire(server: ForkServerHandle, generation: str | None) -> str | None:
         return "the code location was reloaded since its fork server started"
     changed = server.ready.fingerprint.changed()
     if changed:
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-        return f"its code changed since its fork server started ({shown})"
+        return f"its code changed since its fork server started ({_shown(changed)})"
     return None
+
+
+def _shown(paths: list[str]) -> str:
+    return ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")

@@ -226,8 +226,8 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
 
     def _describe_exit(self, worker: RunWorker) -> str:
         status = (self._spawned.exits if worker.via == "spawn" else {}).get(worker.pid)
-        if status is None and worker.via == "fork":
-            status = self._pool.exit_status(worker.pid)
+        if status is None and worker.via == "fork" and worker.server_pid is not None:
+            status = self._pool.exit_status(worker.pid, worker.server_pid)
         what = f"run worker process {worker.pid} ({'forked' if worker.via == 'fork' else 'spawned'})"
         if status is None:
             return f"{what} is not running"

@@ -99,7 +99,7 @@ class Deployment:
         assert run is not None
         return run
 
-    def wait(self, run_id: str, statuses: set[dg.DagsterRunStatus], timeout_s: float = 120.0) -> dg.DagsterRun:
+    def wait(self, run_id: str, statuses: set[dg.DagsterRunStatus], timeout_s: float = 300.0) -> dg.DagsterRun:
         return wait_until(f"run {run_id} in {statuses}", lambda: _in(self.run(run_id), statuses), timeout_s)
 
     def worker(self, run_id: str) -> RunWorker:

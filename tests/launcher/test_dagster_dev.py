@@ -111,7 +111,7 @@ def test_runs_fork_from_the_daemon_and_monitoring_fails_a_killed_worker(dev: Dev
         "the daemon launched the run: the fork server is its child"
     )
     os.kill(worker.pid, signal.SIGKILL)
-    assert dev.wait_finished(doomed, 60).status == dg.DagsterRunStatus.FAILURE
+    assert dev.wait_finished(doomed, 180).status == dg.DagsterRunStatus.FAILURE
     assert any(f"run worker process {worker.pid} (forked) was killed by SIGKILL" in m for m in dev.messages(doomed))
 
 
@@ -137,7 +137,7 @@ def test_runs_outlive_a_killed_daemon_and_the_next_daemon_monitors_them(tmp_path
         second = Dev(tmp_path / "home", location)
         second.start()
         os.kill(workers[victim].pid, signal.SIGKILL)
-        assert second.wait_finished(victim, 60).status == dg.DagsterRunStatus.FAILURE
+        assert second.wait_finished(victim, 180).status == dg.DagsterRunStatus.FAILURE
         assert any(
             f"run worker process {workers[victim].pid} (forked) is not running" in m for m in second.messages(victim)
         )

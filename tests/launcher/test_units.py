@@ -88,3 +88,14 @@ def test_channel_frames_messages_and_reports_a_closed_peer() -> None:
     left.close()
     with pytest.raises(ChannelClosedError):
         right.recv(1.0)
+
+
+def test_files_modified_during_a_preload_count_as_changed(tmp_path: Path) -> None:
+    """A file saved between its import and its stamp must not make a stale server look current."""
+    module = types.ModuleType("saved_late")
+    module.__file__ = str(tmp_path / "saved_late.py")
+    Path(module.__file__).write_text("X = 1\n")
+    fingerprint = take([module])
+    modified = os.stat(module.__file__).st_mtime_ns
+    assert fingerprint.distrusting(modified + 1).changed() == []
+    assert fingerprint.distrusting(modified).changed() == [os.path.realpath(module.__file__)]
