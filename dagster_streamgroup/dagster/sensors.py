@@ -154,7 +154,10 @@ def evaluate_member_tick(
         notes += _leave_stopped_peers(resource, instance, before, peer_ids, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
     report = member.tick()
-    runs = _not_launched_yet(instance, list(protocol.runs_of(report.inflight).values()), member_id)
+    in_flight = list(protocol.runs_of(report.inflight).values())
+    if instance is not None:
+        notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
+    runs = _not_launched_yet(instance, in_flight, member_id)
     op_name = target.asset.node_def.name
     requests = [
         dg.RunRequest(
@@ -284,6 +287,30 @@ def _not_launched_yet(
     records = instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys, sgt.TAG_MEMBER: member_id}))
     existing = {record.dagster_run.tags.get("dagster/run_key") for record in records}
     return [launches for launches, key in zip(runs, keys, strict=True) if key not in existing]
+
+
+NOT_STARTED_YET = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
+
+
+def _cancel_fenced_queued_runs(instance: dg.DagsterInstance, member_id: str, in_flight: set[str]) -> list[str]:
+    """Runs of this member that have not started and whose ranges are no longer in flight for it (the shards
+    moved on while they waited: an eviction, a drain that expired) could only have their commit refused; left
+    queued, they would hold a run slot, and a per-shard run limit, against the shards' real runs. Cancelled
+    before they read anything."""
+    records = instance.get_run_records(
+        dg.RunsFilter(tags={sgt.TAG_MEMBER: member_id}, statuses=list(NOT_STARTED_YET)), limit=200
+    )
+    notes = []
+    for record in records:
+        run = record.dagster_run
+        key = run.tags.get("dagster/run_key")
+        if key is None or key in in_flight:
+            continue
+        instance.report_run_canceled(
+            run, message=f"cancelled by {member_id}: its ranges are no longer in flight for this member (fenced out)"
+        )
+        notes.append(f"cancelled queued run {run.run_id}: its ranges are no longer in flight")
+    return notes
 
 
 def _settle_ended_runs(

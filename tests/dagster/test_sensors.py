@@ -290,3 +290,36 @@ def test_a_session_timeout_shorter_than_two_daemon_ticks_fails_the_tick(
     with dg.instance_for_test() as instance, pytest.raises(Exception, match=r"session_timeout_s: 8 s .* at least 10 s"):
         SensorDriver(sensor, instance, resource).tick()
     assert resource.member("m").load() is None
+
+
+def test_a_queued_run_whose_ranges_moved_on_is_cancelled_before_it_starts(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """A run that waited to start while its ranges were fenced out (here: a run key no longer in flight)
+    would only have its commit refused; it is cancelled, and the run in flight is left alone. (NOT_STARTED
+    stands for QUEUED here: a queued run needs a code location's origin that a unit test does not have.)"""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 50)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensor, instance, resource)
+        request = driver.request()
+        assert request.tags is not None
+        live = create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.NOT_STARTED,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        )
+        fenced = create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.NOT_STARTED,
+            tags={**request.tags, "dagster/run_key": f"{request.run_key}-of-an-earlier-epoch"},
+        )
+        result = driver.tick()
+        assert result.skip_reason is not None and f"cancelled queued run {fenced.run_id}" in (
+            result.skip_reason.skip_message or ""
+        )
+        assert instance.get_run_by_id(fenced.run_id).status == dg.DagsterRunStatus.CANCELED  # type: ignore[union-attr]
+        assert instance.get_run_by_id(live.run_id).status == dg.DagsterRunStatus.NOT_STARTED  # type: ignore[union-attr]
