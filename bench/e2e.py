@@ -86,7 +86,7 @@ def run_label(tags: dict[str, str]) -> str:
     """What a run says about itself in its ``streamgroup/`` tags (member, ranges, records or shard), for the
     timeline only: the benchmark selects runs by time, whatever their tags."""
     shown = sorted((k, v) for k, v in tags.items() if k.startswith("streamgroup/") and not k.endswith(("group", "key")))
-    return " ".join(f"{k.removeprefix('streamgroup/')}={v}" for k, v in shown)[:70]
+    return " ".join(f"{k.removeprefix('streamgroup/')}={v}" for k, v in shown)
 
 
 def print_timeline(runs: list[dict[str, Any]], produced_at: float, done: dict[str, list[dict[str, Any]]]) -> None:
