@@ -88,6 +88,10 @@ defs = dg.Definitions(
             secret_path=dg.EnvVar(SECRET_PATH_ENV),
             sasl_password_file=SASL_PASSWORD_FILE,
             store_url=dg.EnvVar(STORE_URL_ENV),
+            # A failed range becomes a dead letter at once: its error message is then kept in the group state,
+            # shown by `streamgroup status` and the no_parked_ranges check, where the search looks for secrets.
+            max_attempts=1,
+            after_max_attempts="dead_letter",
             **_policy,
         ),
         "streamgroup_v3io": V3ioStreamGroup(

@@ -3,9 +3,13 @@ the instance's own storages (what Dagster keeps), and from the group state's dat
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sqlite3
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,8 @@ from dagster._serdes import serialize_value
 from psycopg import sql
 
 from dagster_streamgroup.dagster.devserver import DagsterDev
+from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.protocol.codec import encode_state
 from tests.secrets.leaks import Evidence
 
 ERROR = """fragment E on PythonError { message className stack
@@ -41,6 +47,9 @@ SENSORS = f"""query($r: RepositorySelector!) {{ sensorsOrError(repositorySelecto
     cursor error {{ ...E }} logEvents {{ events {{ message level }} }} }} }} }} }}
   ... on PythonError {{ ...E }} }} }}
 {ERROR}"""
+RESOURCES = """query($r: RepositorySelector!) { allTopLevelResourceDetailsOrError(repositorySelector: $r) { __typename
+  ... on ResourceDetailsList { results { name description resourceType configuredValues { key value type }
+  configFields { name description defaultValueAsJson } } } } }"""
 ASSET_EVENTS = f"""query($k: AssetKeyInput!) {{ assetOrError(assetKey: $k) {{ __typename ... on Asset {{
   assetMaterializations(limit: 10000) {{ partition runId label description metadataEntries {{ ...M }} }}
   assetObservations(limit: 10000) {{ partition runId label description metadataEntries {{ ...M }} }} }} }} }}
@@ -66,8 +75,8 @@ def _query(dev: DagsterDev, evidence: Evidence, query: str, variables: dict[str,
 
 def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str], location: str) -> dict[str, int]:
     """Runs (tags, config), every event of every run (messages, errors, metadata), sensor ticks (errors, skip
-    reasons, logs) and the assets' materializations and observations, as the webserver serves them; the
-    counts of what was read."""
+    reasons, logs), the resources' configured values and the assets' materializations and observations, as
+    the webserver serves them; the counts of what was read."""
     runs = _query(dev, evidence, RUNS)["runsOrError"]["results"]
     evidence.add("graphql: runs (tags, run config)", json.dumps(runs))
     events = 0
@@ -86,12 +95,20 @@ def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str], loc
     sensors = _query(dev, evidence, SENSORS, {"r": selector})["sensorsOrError"]
     evidence.add("graphql: sensor ticks", json.dumps(sensors))
     ticks = sum(len(s["sensorState"]["ticks"]) for s in sensors.get("results", []))
+    resources = _query(dev, evidence, RESOURCES, {"r": selector})["allTopLevelResourceDetailsOrError"]
+    evidence.add("graphql: resources (the UI's Resources page)", json.dumps(resources))
     asset_events = 0
     for asset in assets:
         found = _query(dev, evidence, ASSET_EVENTS, {"k": {"path": [asset]}})["assetOrError"]
         evidence.add(f"graphql: asset {asset}", json.dumps(found))
         asset_events += len(found.get("assetMaterializations", [])) + len(found.get("assetObservations", []))
-    return {"runs": len(runs), "run_events": events, "sensor_ticks": ticks, "asset_events": asset_events}
+    return {
+        "runs": len(runs),
+        "run_events": events,
+        "sensor_ticks": ticks,
+        "resources": len(resources.get("results", [])),
+        "asset_events": asset_events,
+    }
 
 
 def instance_evidence(home: Path, evidence: Evidence) -> dict[str, int]:
@@ -129,3 +146,42 @@ def database_evidence(admin_url: str, database: str, evidence: Evidence) -> dict
             rows += len(found)
             evidence.add(f"group state database: table {table}", repr(found))
     return {"tables": len(tables), "rows": rows}
+
+
+def state_evidence(resource: StreamGroupResource, evidence: Evidence) -> int:
+    """The group state as its store decodes it (the v3io store keeps large states and log items compressed):
+    members, shards, events, parked ranges and dead letters with their failure reasons. Its size in bytes."""
+    state, _ = resource.store().load(resource.state_key())
+    assert state is not None, f"group {resource.group}: no state"
+    text = encode_state(state)
+    evidence.add(f"group state of {resource.group}", text)
+    return len(text)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def sqlite_evidence(root: Path, evidence: Evidence) -> dict[str, int]:
+    """Every row of every SQLite database under ``root``, with compressed values decompressed: Dagster keeps
+    job and execution-plan snapshots (resource configuration included) zlib-compressed in ``runs.db``, where a
+    byte search of the file cannot see them."""
+    counts = {"databases": 0, "rows": 0, "decompressed": 0}
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            with path.open("rb") as head:
+                if head.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                    continue
+            counts["databases"] += 1
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+                for table in tables:
+                    escaped = table.replace('"', '""')
+                    for row in db.execute(f'SELECT * FROM "{escaped}"'):
+                        counts["rows"] += 1
+                        for value in row:
+                            if isinstance(value, bytes):
+                                with contextlib.suppress(zlib.error):
+                                    evidence.add(f"{path}: table {table} (decompressed)", zlib.decompress(value))
+                                    counts["decompressed"] += 1
+    return counts

@@ -13,14 +13,17 @@ SASL login).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 import secrets
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +50,13 @@ from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from jobs.clickstream_events import ensure_v3io_stream, produce_burst, produce_v3io_burst, producers, v3io_client
 from tests.e2e.scenario import committed_at_high, ended_runs
 from tests.secrets import definitions as location
-from tests.secrets.evidence import database_evidence, graphql_evidence, instance_evidence
+from tests.secrets.evidence import (
+    database_evidence,
+    graphql_evidence,
+    instance_evidence,
+    sqlite_evidence,
+    state_evidence,
+)
 from tests.secrets.leaks import Evidence, describe, find_secrets, needles
 from tests.secrets.sasl_gate import SaslPlainGate
 
@@ -108,8 +117,10 @@ def sasl_broker(work: Path, password: str) -> Iterator[SaslBroker]:
         )
     try:
         wait_until_answering(f"127.0.0.1:{broker_port}", 20.0, proc)
+        gc.collect()  # its probe client, kept by a reference cycle, would retry the gate unauthenticated
         yield SaslBroker(gate, proc.pid, log)
     finally:
+        gc.collect()  # clients kept by reference cycles would log refused connections once the broker is gone
         gate.close()
         stop(proc.pid)
 
@@ -181,9 +192,12 @@ def caught_up(resource: StreamGroupResource) -> bool:
     return committed_at_high(resource) is not None
 
 
-def kafka_resource(broker: SaslBroker, group: str, topic: str, password: str) -> KafkaStreamGroup:
+def kafka_resource(
+    broker: SaslBroker, group: str, topic: str, password: str, store_url: str | None = None
+) -> KafkaStreamGroup:
     return KafkaStreamGroup(
         group=group,
+        store_url=store_url,
         bootstrap_servers=broker.gate.address,
         topics=[topic],
         security_protocol="SASL_PLAINTEXT",
@@ -215,6 +229,21 @@ def test_search_reports_a_planted_secret(tmp_path: Path) -> None:
     assert ("a log line", "raw") in found
     assert any(where == "a debug dump" and enc.startswith("base64") for where, enc in found)
     assert (str(tmp_path / "nested" / "events.db"), "hex") in found
+
+
+def test_search_reads_compressed_values_of_sqlite_databases(tmp_path: Path) -> None:
+    """Dagster keeps its job snapshots zlib-compressed in SQLite: a byte search of the file alone misses them."""
+    secret = new_secret()
+    with contextlib.closing(sqlite3.connect(tmp_path / "runs.db")) as db:
+        db.execute("CREATE TABLE snapshots (id TEXT, body BLOB)")
+        db.execute("INSERT INTO snapshots VALUES (?, ?)", ("s1", zlib.compress(f'{{"password": "{secret}"}}'.encode())))
+        db.commit()
+    on_disk = Evidence()
+    on_disk.add_tree(tmp_path)
+    assert find_secrets(on_disk, {"planted": secret}) == []
+    decompressed = Evidence()
+    assert sqlite_evidence(tmp_path, decompressed)["decompressed"] == 1
+    assert [f.encoding for f in find_secrets(decompressed, {"planted": secret})] == ["raw"]
 
 
 @pytest.mark.parametrize("shift", [0, 1, 2])
@@ -356,8 +385,9 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         print(f"both groups drained, {elapsed()} after the start", flush=True)
 
         # 2. The SASL password is rotated on the broker while the deployment still holds the old one: the
-        #    members keep their logged-in connections, the next run logs in anew and is refused. Then the
-        #    mounted secret is updated, and the retry logs in with the new password and commits the range.
+        #    members keep their logged-in connections, the next run logs in anew and is refused; its range
+        #    becomes a dead letter with the run's error. The mounted secret is updated, and the next range's run
+        #    logs in with the new password and commits.
         before = {r["runId"] for r in runs}
         broker.gate.rotate(values["sasl_password_rotated"])
         produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=3)
@@ -365,20 +395,22 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         write_secret_file(secret_dir, values["sasl_password_rotated"])
         assert broker.gate.refused > 0, "no login was refused: the run did not fail on the rotated password"
         kafka = kafka_resource(broker, group, topic, values["sasl_password_rotated"])
-        wait_for("the retry after the secret update", lambda: caught_up(kafka), 300.0, 2.0)
-        print(f"run {refused['runId']} failed on the rotated SASL password, retried: {elapsed()}", flush=True)
+        produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=4)
+        wait_for("a run after the secret update", lambda: caught_up(kafka), 300.0, 2.0)
+        print(f"run {refused['runId']} failed on the rotated SASL password: {elapsed()}", flush=True)
 
         # 3. The state database's password is rotated while the deployment holds the old one: a run (a new
-        #    process, new connections) cannot reach the store. Rotated back, the retry commits.
+        #    process, new connections) cannot reach the store. Rotated back, the next run commits.
         before = {r["runId"] for r in ended_runs(dev)}
         set_role_password(database, values["postgres_password_rotated"])
-        produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=4)
+        produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=5)
         store_failure = new_failed_run(dev, group, before)
         set_role_password(database, values["postgres_password"])
-        wait_for("the retry after the store came back", lambda: caught_up(kafka), 300.0, 2.0)
+        produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=6)
+        wait_for("a run after the store came back", lambda: caught_up(kafka), 300.0, 2.0)
         after = [r for r in ended_runs(dev) if r["runId"] not in before and r["tags"].get(TAG_GROUP) == group]
         assert "SUCCESS" in {r["status"] for r in after}, after
-        print(f"run {store_failure['runId']} failed on the rotated store password, retried: {elapsed()}", flush=True)
+        print(f"run {store_failure['runId']} failed on the rotated store password: {elapsed()}", flush=True)
 
         counts["graphql"] = graphql_evidence(
             dev, evidence, ["page_views_per_minute", location.V3IO_ASSET], "clickstream"
@@ -419,6 +451,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
                 ),
             }
         )
+        cli.update(run_cli({"resolve": (["resolve", "--group", group, *definitions], cli_env)}))
         for result in cli.values():
             evidence.add(f"cli: {result.name}: stdout", result.stdout)
             evidence.add(f"cli: {result.name}: stderr", result.stderr)
@@ -430,6 +463,11 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         #    the output; searched while the Connect server's scratch directory still exists.
         counts["event log storage"] = instance_evidence(home, evidence)
         counts["group state database"] = database_evidence(postgres_url, database.database, evidence)
+        counts["sqlite"] = sqlite_evidence(home, evidence)
+        store_url = database.url(values["postgres_password"])
+        state_store = kafka_resource(broker, group, topic, values["sasl_password_rotated"], store_url)
+        counts["group states, bytes"] = [state_evidence(state_store, evidence), state_evidence(v3io, evidence)]
+        counts["v3io server sqlite"] = sqlite_evidence(work_dir / "v3io-server", evidence)
         for place in (home, output, dev_log, connect.scratch, work_dir / "v3io-server", broker.log):
             evidence.add_tree(place)
         compute_logs = [p for p in evidence.files if p.suffix in {".out", ".err"} and home in p.parents]
@@ -448,6 +486,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
             instance.add_run_tags(refused["runId"], {"planted": values["sasl_password"]})
         planted = Evidence()
         instance_evidence(planted_home, planted)
+        sqlite_evidence(planted_home, planted)
         planted.add_tree(planted_home)
         planted_findings = find_secrets(planted, {"sasl_password": values["sasl_password"]})
 
@@ -460,9 +499,13 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     # The error paths searched above were taken: the broker's refusal and the store's refusal are in the runs'
     # events, and each CLI command ended as it should.
     shown = b"".join(evidence.texts.values())
+    assert location.STORE_URL_ENV.encode() in shown  # the resources' configuration, from the decompressed snapshots
     assert b"password authentication failed" in shown
     assert b"All broker connections are down" in shown or b"Authentication failed" in shown
     assert cli["status"].returncode == 0 and group in cli["status"].stdout, cli["status"]
+    assert "dead letters" in cli["status"].stdout and "failed 1 time(s)" in cli["status"].stdout, cli["status"]
+    resolved = f"{2 * PARTITIONS} dead letter(s) resolved"  # both runs' ranges, one per partition
+    assert cli["resolve"].returncode == 0 and resolved in cli["resolve"].stdout, cli["resolve"]
     assert cli["status v3io"].returncode == 0 and v3io_group in cli["status v3io"].stdout, cli["status v3io"]
     assert cli["backfill --dry-run"].returncode == 0 and f"{shard} [0, 100)" in cli["backfill --dry-run"].stdout
     for name in ("status, wrong store password", "status, wrong SASL password", "status v3io, wrong access key"):
