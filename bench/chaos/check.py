@@ -142,6 +142,25 @@ def backwards_steps(samples: Iterable[Sample]) -> tuple[int, list[str]]:
     return count, details
 
 
+def mirror_lag_s(samples: Iterable[Sample]) -> dict[str, float]:
+    """Per shard, the longest stretch during which Kafka's group offset stayed below the group state's
+    committed offset (the mirror runs after the state commit; a run killed between them leaves it behind
+    until the shard's next commit)."""
+    state: dict[str, int] = {}
+    kafka: dict[str, int] = {}
+    behind_since: dict[str, float] = {}
+    longest: dict[str, float] = defaultdict(float)
+    for sample in sorted(samples, key=lambda s: s.at):
+        (state if sample.source == "state" else kafka)[sample.shard] = sample.offset
+        shard = sample.shard
+        if shard in state and kafka.get(shard, -1) < state[shard]:
+            behind_since.setdefault(shard, sample.at)
+            longest[shard] = max(longest[shard], sample.at - behind_since[shard])
+        else:
+            behind_since.pop(shard, None)
+    return dict(longest)
+
+
 def verdict(
     ends: Mapping[str, int],
     lows: Mapping[str, int],

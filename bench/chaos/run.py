@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import faults, recorder
-from bench.chaos.check import Committed, Sample, verdict
+from bench.chaos.check import Committed, Sample, mirror_lag_s, verdict
 from bench.chaos.deployment import ChaosDeployment, GroupSettings
 from bench.chaos.faults import KINDS, Chaos
 from bench.chaos.producer import ChaosProducer
@@ -237,6 +237,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
                 "sample_failures": dict(sampler.failures),
                 "cas_hammer": _sum_dicts(chaos.hammer_results),
                 "kafka_offsets_at_end": sampler.at("kafka", highs),
+                "kafka_behind_state_max_s": round(max(mirror_lag_s(sampler.samples).values(), default=0.0), 1),
                 "errors": chaos.errors[:10],
                 "details": check.details[:20],
                 "elapsed_s": round(time.monotonic() - started, 1),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.chaos import recorder
-from bench.chaos.check import Committed, Sample, merge, subtract, verdict
+from bench.chaos.check import Committed, Sample, merge, mirror_lag_s, subtract, verdict
 from bench.chaos.faults import KINDS, plan
 from bench.chaos.run import failure_cause
 from bench.chaos.settings import settings_from_env
@@ -121,3 +121,9 @@ def test_failed_runs_are_sorted_by_the_cause_their_messages_name() -> None:
     assert failure_cause(["ValueError: poison records in t:3 (3) while poison-switch is on"]) == "poison"
     assert failure_cause(["run worker process 12 (forked) was killed by SIGKILL"]) == "worker_killed"
     assert failure_cause(["something else"]) == "other"
+
+
+def test_the_mirror_lag_is_the_longest_stretch_kafka_stays_below_the_state() -> None:
+    samples = [Sample(t, "state", SHARD, 10) for t in (0.0, 1.0, 2.0, 3.0)]
+    samples += [Sample(0.5, "kafka", SHARD, 5), Sample(2.5, "kafka", SHARD, 10)]
+    assert mirror_lag_s(samples) == {SHARD: 2.0}
