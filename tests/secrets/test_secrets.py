@@ -255,6 +255,54 @@ def test_base64_needles_match_the_secret_inside_a_longer_encoding(shift: int) ->
     assert any(needle in encoded for name, needle in needles(secret).items() if name.startswith("base64@"))
 
 
+def _snapshot_of(resources: dict[str, Any]) -> str:
+    """What a code location serves the webserver (the Resources page) and what runs store with their job
+    snapshot: the definitions' snapshot, with each resource's configured values."""
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._serdes import serialize_value
+
+    @dg.asset(required_resource_keys=set(resources))
+    def uses_them() -> None:
+        """Only here to make the resources part of the definitions."""
+
+    repository = dg.Definitions(assets=[uses_them], resources=resources).get_repository_def()
+    return serialize_value(RepositorySnap.from_def(repository))
+
+
+def test_literal_secrets_reach_the_code_location_snapshot_env_vars_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the docs say dg.EnvVar or a mounted file, never a literal: Dagster keeps a resource's configured values
+    in the snapshot it shows and stores. This is the one way found to make the deployment leak a secret."""
+    values = {"sasl": new_secret(), "postgres": new_secret(), "v3io": new_secret()}
+    kafka: dict[str, Any] = {
+        "group": "g", "bootstrap_servers": "127.0.0.1:9092", "topics": ["t"], "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN", "sasl_username": "svc",
+    }  # fmt: skip
+    v3io: dict[str, Any] = {
+        "group": "g_v3io", "endpoint": "http://127.0.0.1:8081", "container": "c", "stream_path": "s",
+    }  # fmt: skip
+    store_url = f"postgresql://u:{values['postgres']}@h:5432/db"
+    literal = _snapshot_of(
+        {
+            "kafka": KafkaStreamGroup(**kafka, sasl_password=values["sasl"], store_url=store_url),
+            "v3io": V3ioStreamGroup(**v3io, access_key=values["v3io"], store_url="v3io"),
+        }
+    )
+    for name, value in {"SASL_PW": values["sasl"], "STORE_URL": store_url, "V3IO_KEY": values["v3io"]}.items():
+        monkeypatch.setenv(name, value)
+    from_env = _snapshot_of(
+        {
+            "kafka": KafkaStreamGroup(**kafka, sasl_password=dg.EnvVar("SASL_PW"), store_url=dg.EnvVar("STORE_URL")),
+            "v3io": V3ioStreamGroup(**v3io, access_key=dg.EnvVar("V3IO_KEY"), store_url="v3io"),
+        }
+    )
+    shown, hidden = Evidence(), Evidence()
+    shown.add("snapshot, literal secrets", literal)
+    hidden.add("snapshot, dg.EnvVar", from_env)
+    assert {f.secret for f in find_secrets(shown, values)} == set(values)
+    assert find_secrets(hidden, values) == []
+    assert "SASL_PW" in from_env and "STORE_URL" in from_env  # the variables' names are what it keeps
+
+
 def test_search_refuses_a_secret_too_short_to_search() -> None:
     with pytest.raises(ValueError, match="too short"):
         find_secrets(Evidence(), {"pin": "1234"})
