@@ -1,11 +1,12 @@
 """Secrets never leak: the example deployed with a SASL password, a v3io access key and a PostgreSQL password,
 each a fresh random value given only as the docs say (a mounted file, ``dagster.EnvVar``), runs that succeed
-and a run that fails on a rotated password, the CLI with good and bad configurations; then every log line, run
+and runs that fail on rotated passwords, the CLI with good and bad configurations; then every log line, run
 tag, event, metadata entry, sensor tick, error and stored byte of the deployment, and the CLI's output, is
-searched for each value (as written, hex and base64).
+searched for each value (as written, hex and base64). docs/reliability.md ("Secrets") has the result.
 
 Real parts throughout: a real ``dagster dev`` (daemon, webserver, code server) with the example's asset and
-member sensors, the local broker, the project's v3io server requiring its key, PostgreSQL, local Spark. One
+member sensors, the local broker, the project's v3io server requiring its key, PostgreSQL, a Spark Connect
+server (the example's default). One
 stand-in: the SASL/PLAIN gate in front of the broker (``sasl_gate.py`` says why no local broker can check a
 SASL login).
 """
