@@ -22,7 +22,7 @@ from typing import Any, Self
 from dagster import DagsterInstance, Field
 from dagster import _check as check
 from dagster._config.config_schema import UserConfigSchema
-from dagster._core.errors import DagsterInvariantViolationError
+from dagster._core.errors import DagsterInvariantViolationError, DagsterLaunchFailedError
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
 from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
 from dagster._core.remote_representation.code_location import GrpcServerCodeLocation
@@ -84,6 +84,9 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
             )
         args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=self._instance.get_ref())
         location = run.remote_job_origin.location_name if run.remote_job_origin else None
+        if not os.path.exists(origin.executable_path):
+            self._through_code_server(context, f"its interpreter {origin.executable_path} is not on this host")
+            return
         stateful = self._load_time_state(run)
         if stateful is not None:
             self._spawn(run, args, stateful)
@@ -101,6 +104,21 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
                         cls=self.__class__,
                     )
         self._run_ids.add(run.run_id)
+
+    def _through_code_server(self, context: LaunchRunContext, reason: str) -> None:
+        """A code location served from another host or container: its code server starts the run, as with
+        Dagster's default launcher (and this launcher checks and stops it the way that launcher does)."""
+        if context.workspace is None:
+            raise DagsterLaunchFailedError(  # type: ignore[no-untyped-call]
+                f"ForkServerRunLauncher cannot start run {context.dagster_run.run_id}: {reason}, and no workspace "
+                "was given to reach its code server"
+            )
+        self._default_launcher().launch_run(context)
+        self._instance.report_engine_event(
+            f"Run started by its code server, as Dagster's default launcher does, because {reason}.",
+            context.dagster_run,
+            cls=self.__class__,
+        )
 
     def _load_time_state(self, run: DagsterRun) -> str | None:
         """Why the run's definitions must be built afresh, if they must: a preloaded server built them once,

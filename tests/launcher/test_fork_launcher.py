@@ -13,6 +13,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.events import DagsterEvent
+from dagster._core.launcher import LaunchRunContext
+from dagster_shared.record import copy
 
 from dagster_streamgroup.launcher import process
 from dagster_streamgroup.local import procfs
@@ -234,3 +237,37 @@ def test_a_run_launched_by_a_process_that_exits_at_once(deployment: Deployment) 
     worker = deployment.worker(run.run_id)
     assert worker.via == "fork" and worker.server_pid is not None
     wait_until("the CLI's fork server to exit", lambda: not procfs.alive([worker.server_pid or 0]), 30)
+
+
+def test_a_code_location_whose_interpreter_is_elsewhere_runs_through_its_code_server(
+    tmp_path: Path, location: Path
+) -> None:
+    """A code server in another container or host: its interpreter's path means nothing here. No second host
+    is at hand, so the run's origin is rewritten to such a path before it is launched; the launcher hands the
+    run to the code server, as Dagster's default launcher does."""
+    deployment = Deployment(tmp_path / "home", location, instance_yaml(queued=True))  # no daemon: it stays queued
+    try:
+        run_id = deployment.launch("quick_job")
+        assert deployment.run(run_id).status == dg.DagsterRunStatus.QUEUED
+        starting = DagsterEvent(event_type_value=dg.DagsterEventType.PIPELINE_STARTING.value, job_name="quick_job")
+        deployment.instance.report_dagster_event(starting, run_id=run_id)  # as DagsterInstance.launch_run does
+        run = deployment.run(run_id)
+        origin = run.job_code_origin
+        assert origin is not None
+        elsewhere = origin._replace(
+            repository_origin=origin.repository_origin._replace(executable_path="/opt/elsewhere/bin/python")
+        )
+        context = LaunchRunContext(
+            dagster_run=copy(run, job_code_origin=elsewhere), workspace=deployment.workspace.create_request_context()
+        )
+        deployment.instance.run_launcher.launch_run(context)
+        assert deployment.wait(run_id, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+        tags = deployment.run(run_id).tags
+        assert ".dagster/grpc_info" in tags and "streamgroup/run_worker" not in tags
+        assert any(
+            "Run started by its code server, as Dagster's default launcher does, because its interpreter "
+            "/opt/elsewhere/bin/python is not on this host" in m
+            for m in deployment.messages(run_id)
+        )
+    finally:
+        deployment.close()
