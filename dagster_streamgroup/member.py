@@ -250,6 +250,16 @@ class GroupMember:
 
         return update_state(self.store, self.key, transition, sleep=self.sleep)
 
+    def touch_run(self, reports: Sequence[RangeReport]) -> None:
+        """The run of ``reports`` says it is alive (every heartbeat while it executes)."""
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, None]:
+            if current is None:
+                return None, None
+            return protocol.touch(current, reports, now), None
+
+        update_state(self.store, self.key, transition, sleep=self.sleep)
+
     def fail_run(self, reports: Sequence[RangeReport], reason: str) -> dict[str, FailOutcome]:
         """Every range of a failed run is retried or given up on its own shard, in one state write."""
 

@@ -48,8 +48,10 @@ class SimConfig:
     p_run_vanish: float = 0.0
     """A run that dies without reporting (killed worker): its member notices the run ended, as Dagster shows."""
     p_run_straggle: float = 0.0
-    """A run that outlasts a session timeout plus the drain timeout (a stuck or paused run process): if its
-    member is evicted meanwhile, it becomes a zombie whose commit comes after its range was relaunched."""
+    """A run that outlasts a session timeout plus the drain timeout (a paused run process, which says nothing
+    while paused): if its member is evicted meanwhile, it becomes a zombie whose commit comes after its range
+    was relaunched. Other runs say they are alive every heartbeat until they end (a vanishing run stops when it
+    dies)."""
     faults: bool = False
     max_skew_s: float = 0.0
     cold_start: bool = True
@@ -318,16 +320,30 @@ class Simulation:
             else "ok"
         )
         ends = self.now + self.rng.uniform(*self.cfg.run_s)
-        if self.rng.random() < self.cfg.p_run_straggle:
+        paused = self.rng.random() < self.cfg.p_run_straggle
+        if paused:
             policy = self.cfg.policy
             ends += (
                 policy.session_timeout_s + policy.drain_timeout_s + self.rng.uniform(0, 4 * policy.heartbeat_interval_s)
             )
         run = _Run(launches=launches, ends_at=ends, outcome=outcome)
         self.runs[run.key] = run
+        self._touch(run, until=self.now if paused else ends)
         if outcome != "vanish":
             self.active[run.key] = run
             self.at(ends, lambda: self._finish(run))
+
+    def _touch(self, run: _Run, until: float) -> None:
+        """The run says it is alive now, and again every heartbeat until ``until`` (its end, or its pause)."""
+        reports = [protocol.report_of(launch) for launch in run.launches]
+
+        def touching(state: GroupState, now: float) -> tuple[GroupState, None]:
+            return protocol.touch(state, reports, now), None
+
+        self._cas(touching, now_of=lambda: self.now, done=lambda _r: None)
+        following = self.now + self.cfg.policy.heartbeat_interval_s
+        if following < until and not run.done:
+            self.at(following, lambda: self._touch(run, until))
 
     def _finish(self, run: _Run) -> None:
         reports = [protocol.report_of(launch) for launch in run.launches]
@@ -539,15 +555,20 @@ def random_scenario(seed: int) -> SimConfig:
         min_backlog=rng.choice([1, 100]),
         max_wait_s=rng.choice([0.0, 10.0]),
     )
+    members, shards, duration_s = rng.randint(1, 6), rng.randint(1, 24), rng.uniform(60, 200)
+    cas_latency_s = (0.001, rng.choice([0.01, 0.2]))
+    run_max_s = rng.choice([5.0, 25.0])
     return SimConfig(
-        members=rng.randint(1, 6),
-        shards=rng.randint(1, 24),
+        members=members,
+        shards=shards,
         seed=seed,
         policy=policy,
-        duration_s=rng.uniform(60, 200),
-        quiet_s=policy.session_timeout_s + policy.drain_timeout_s + 6 * period,
-        cas_latency_s=(0.001, rng.choice([0.01, 0.2])),
-        run_s=(1.0, rng.choice([5.0, 25.0])),
+        duration_s=duration_s,
+        # Quiet long enough for the longest run (a paused one: a session and a drain timeout, four heartbeats and
+        # a run) to end: a shard with a range in flight never moves, and a member's run holds all its shards.
+        quiet_s=2 * (policy.session_timeout_s + policy.drain_timeout_s) + 10 * period + run_max_s,
+        cas_latency_s=cas_latency_s,
+        run_s=(1.0, run_max_s),
         produce_per_s=rng.choice([5.0, 50.0]),
         retention_records=rng.choice([None, None, 400]),
         p_run_fail=rng.choice([0.0, 0.1, 0.3]),

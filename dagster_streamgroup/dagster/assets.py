@@ -20,7 +20,9 @@ import dagster as dg
 
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, parked_check_result
+from dagster_streamgroup.dagster.liveness import RunHeartbeat
 from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupState, RangeReport
 from dagster_streamgroup.streams.base import StreamError
 
@@ -180,6 +182,28 @@ def run_ranges(
     mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
     context.log.info(f"{resource.group}: {len(ranges)} range(s) as {mode}: {_describe(ranges)}")
 
+    heartbeat = (
+        RunHeartbeat(member, reports, resource.heartbeat_interval_s)
+        if member is not None and reports
+        else contextlib.nullcontext()
+    )
+    with heartbeat:
+        yield from _process_and_commit(
+            context, config, resource, spark_resource, fn, asset_key, ranges, reports, member
+        )
+
+
+def _process_and_commit(
+    context: dg.AssetExecutionContext,
+    config: sgt.StreamRunConfig,
+    resource: StreamGroupResource,
+    spark_resource: Any,
+    fn: StreamFn,
+    asset_key: dg.AssetKey,
+    ranges: list[sgt.RangeSpec],
+    reports: list[RangeReport] | None,
+    member: GroupMember | None,
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
     df: Any = None
     try:
         t0 = time.monotonic()

@@ -20,6 +20,7 @@ from dagster_streamgroup.protocol.completion import (
     fail_run,
     report_of,
     resolve_dead_letters,
+    touch,
     unpark,
 )
 from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat, leave
@@ -93,5 +94,6 @@ __all__ = [
     "runs_of",
     "split_budget",
     "sync_shards",
+    "touch",
     "unpark",
 ]

@@ -293,6 +293,28 @@ def fail_run(
     return state, outcomes
 
 
+def touch(state: GroupState, reports: Sequence[RangeReport], now: float) -> GroupState:
+    """A run says it is alive: each of its ranges still in flight under its identity (run key, member, epoch)
+    records ``now``. Ranges it no longer holds are left alone; nothing changes is the same object."""
+    changed: dict[str, ShardState] = {}
+    for report in reports:
+        shard = state.shards.get(report.shard)
+        inflight = shard.inflight if shard is not None else None
+        if (
+            shard is None
+            or inflight is None
+            or inflight.run_key != report.run_key
+            or inflight.member_id != report.member_id
+            or inflight.epoch != report.epoch
+            or (inflight.alive_at is not None and inflight.alive_at >= now)
+        ):
+            continue
+        changed[report.shard] = evolve(shard, inflight=evolve(inflight, alive_at=now))
+    if not changed:
+        return state
+    return state.model_copy(update={"shards": {**state.shards, **changed}})
+
+
 def resolve_dead_letters(state: GroupState, shard: str | None = None) -> tuple[GroupState, list[DeadLetter]]:
     """Operator action: the dead letters of ``shard`` (or all) were dealt with; they leave the state."""
     resolved = [d for d in state.dead_letters if shard is None or d.shard == shard]

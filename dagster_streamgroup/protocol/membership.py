@@ -12,6 +12,7 @@ from dagster_streamgroup.protocol.state import (
     EventKind,
     GroupEvent,
     GroupState,
+    InFlight,
     Member,
     ShardState,
     evolve,
@@ -25,26 +26,40 @@ def add_events(state: GroupState, *events: GroupEvent) -> GroupState:
     return state.model_copy(update={"events": (*state.events, *events)[-MAX_EVENTS:]})
 
 
-def heartbeat(state: GroupState, member_id: str, now: float) -> GroupState:
+def heartbeat(state: GroupState, member_id: str, now: float, liveness_timeout_s: float = float("inf")) -> GroupState:
     """Join, or refresh the heartbeat. A heartbeat never moves back, whatever a skewed caller says."""
     member = state.members.get(member_id)
     if member is None:
         members = {**state.members, member_id: Member(member_id=member_id, joined=now, heartbeat=now)}
-        return state.model_copy(update={"members": members, "shards": _reclaim_draining(state, member_id)})
+        shards = _reclaim_draining(state, member_id, now, liveness_timeout_s)
+        return state.model_copy(update={"members": members, "shards": shards})
     if now <= member.heartbeat:
         return state
     members = {**state.members, member_id: evolve(member, heartbeat=now)}
     return state.model_copy(update={"members": members})
 
 
-def _reclaim_draining(state: GroupState, member_id: str) -> dict[str, ShardState]:
-    """A member that comes back under its old id (a restarted daemon) keeps the runs it launched."""
+def run_is_dead(inflight: InFlight, now: float, liveness_timeout_s: float) -> bool:
+    """The run said it was alive once, and has not for ``liveness_timeout_s``: its process is gone (or stopped)."""
+    return inflight.alive_at is not None and now - inflight.alive_at >= liveness_timeout_s
+
+
+def _reclaim_draining(
+    state: GroupState, member_id: str, now: float, liveness_timeout_s: float
+) -> dict[str, ShardState]:
+    """A member that comes back under its old id (a restarted daemon) keeps the runs it launched, unless a run
+    stopped saying it is alive: it died with the deployment, so its range goes back to the pool (a new epoch
+    fences it) and is launched again, instead of waiting on a run that will never report."""
     shards = state.shards
     for shard_id, shard in state.shards.items():
-        if shard.owner == member_id and shard.inflight is not None and shard.inflight.orphaned_at is not None:
+        inflight = shard.inflight
+        if shard.owner == member_id and inflight is not None and inflight.orphaned_at is not None:
             if shards is state.shards:
                 shards = dict(state.shards)
-            shards[shard_id] = evolve(shard, inflight=evolve(shard.inflight, orphaned_at=None))
+            if run_is_dead(inflight, now, liveness_timeout_s):
+                shards[shard_id] = handed_over(shard, None, inflight=None, backlog_since=None)
+            else:
+                shards[shard_id] = evolve(shard, inflight=evolve(inflight, orphaned_at=None))
     return shards
 
 
@@ -86,14 +101,20 @@ def leave(state: GroupState, member_id: str, now: float) -> GroupState:
     return _remove_members(state, {member_id}, now, EventKind.LEFT, "left the group")
 
 
-def expire_drains(state: GroupState, now: float, drain_timeout_s: float) -> GroupState:
-    """Give up waiting for runs of departed members: reassign their shards and relaunch the range.
+def expire_drains(
+    state: GroupState, now: float, drain_timeout_s: float, liveness_timeout_s: float = float("inf")
+) -> GroupState:
+    """Give up waiting for runs of departed members: reassign their shards and relaunch the range, once the drain
+    timeout passed, or once the run stopped saying it is alive for ``liveness_timeout_s`` (it died with its
+    member's deployment).
 
     The epoch bump fences the old run: should it still finish, its commit is refused."""
     expired: list[str] = []
     for shard_id, shard in state.shards.items():
         inflight = shard.inflight
-        if inflight is not None and inflight.orphaned_at is not None and now - inflight.orphaned_at >= drain_timeout_s:
+        if inflight is None or inflight.orphaned_at is None:
+            continue
+        if now - inflight.orphaned_at >= drain_timeout_s or run_is_dead(inflight, now, liveness_timeout_s):
             expired.append(shard_id)
     if not expired:
         return state
@@ -110,7 +131,12 @@ def expire_drains(state: GroupState, now: float, drain_timeout_s: float) -> Grou
                 member_id=shard.inflight.member_id,
                 start=shard.inflight.start,
                 end=shard.inflight.end,
-                detail=f"run {shard.inflight.run_key} did not report within {drain_timeout_s}s; range relaunched",
+                detail=(
+                    f"run {shard.inflight.run_key} stopped saying it is alive {now - shard.inflight.alive_at:.0f}s ago"
+                    if run_is_dead(shard.inflight, now, liveness_timeout_s) and shard.inflight.alive_at is not None
+                    else f"run {shard.inflight.run_key} did not report within {drain_timeout_s}s"
+                )
+                + "; range relaunched",
             )
         )
         shards[shard_id] = handed_over(shard, None, inflight=None, backlog_since=None)

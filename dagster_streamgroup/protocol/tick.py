@@ -30,8 +30,8 @@ def membership_step(
     if shard_ids is not None:
         state = sync_shards(state, shard_ids, now)
     state = evict_stale(state, now, policy.session_timeout_s)
-    state = heartbeat(state, member_id, now)
-    state = expire_drains(state, now, policy.drain_timeout_s)
+    state = heartbeat(state, member_id, now, policy.session_timeout_s)
+    state = expire_drains(state, now, policy.drain_timeout_s, policy.session_timeout_s)
     return rebalance(state, member_id, now, policy)
 
 

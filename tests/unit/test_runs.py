@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.protocol import FailOutcome, GroupState, Refusal, Watermark
+from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupState, Refusal, Watermark
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.state import evolve
 from dagster_streamgroup.simulation import Simulation, random_scenario
@@ -203,3 +203,44 @@ def test_the_simulator_catches_a_zombie_told_already_committed(monkeypatch: pyte
         if found:
             break
     assert found, "a zombie told already_committed must be reported"
+
+
+def test_a_departed_members_run_that_stopped_saying_it_is_alive_is_relaunched_before_the_drain_timeout() -> None:
+    """A deployment lost whole cannot report its runs' deaths: a run that said it was alive, then stopped for a
+    session timeout, is dead; one that keeps saying so keeps its drain (it may still commit)."""
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, drain_timeout_s=600)
+    state = balanced_start(2, ("a",), policy)
+    state, launches = protocol.plan(state, "a", 5.0, backlog(state, {"s0": 10, "s1": 10}), policy)
+    reports = [report(x) for x in launches]
+    state = protocol.touch(state, reports, 6.0)
+    state = protocol.leave(state, "a", 7.0)  # the member is gone; its run drains
+    alive = protocol.touch(state, [r for r in reports if r.shard == "s1"], 30.0)
+    expired = protocol.expire_drains(alive, 30.0, policy.drain_timeout_s, policy.session_timeout_s)
+    assert expired.shards["s0"].inflight is None and expired.shards["s0"].owner is None, "silent for 24 s: dead"
+    assert expired.shards["s0"].epoch > state.shards["s0"].epoch, "a new epoch fences the run, should it wake"
+    assert expired.shards["s1"].inflight is not None, "said it is alive 0 s ago: still draining"
+    assert (
+        expired.events[-1].kind is EventKind.DRAIN_EXPIRED and "stopped saying it is alive" in expired.events[-1].detail
+    )
+    # a run that never started (never said anything) waits for the drain timeout, as before
+    quiet, _ = protocol.plan(balanced_start(1, ("b",), policy), "b", 5.0, {"s0": Watermark(low=0, high=5)}, policy)
+    quiet = protocol.leave(quiet, "b", 6.0)
+    assert protocol.expire_drains(quiet, 500.0, policy.drain_timeout_s, policy.session_timeout_s).shards["s0"].inflight
+    assert (
+        protocol.expire_drains(quiet, 606.0, policy.drain_timeout_s, policy.session_timeout_s).shards["s0"].inflight
+        is None
+    )
+
+
+def test_a_member_back_under_its_id_keeps_live_runs_and_relaunches_dead_ones() -> None:
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, drain_timeout_s=600)
+    state = balanced_start(2, ("a",), policy)
+    state, launches = protocol.plan(state, "a", 5.0, backlog(state, {"s0": 10, "s1": 10}), policy)
+    reports = {x.shard: report(x) for x in launches}
+    state = protocol.touch(state, list(reports.values()), 6.0)
+    state = protocol.evict_stale(state, 40.0, policy.session_timeout_s)  # the deployment restarts
+    state = protocol.touch(state, [reports["s1"]], 45.0)  # s1's run survived the restart
+    back = protocol.heartbeat(state, "a", 50.0, policy.session_timeout_s)
+    assert back.shards["s1"].inflight is not None and back.shards["s1"].inflight.orphaned_at is None
+    assert back.shards["s0"].inflight is None and back.shards["s0"].owner is None, "its run died 44 s ago"
+    assert back.shards["s0"].committed == 0, "nothing skipped: the range is launched again"
