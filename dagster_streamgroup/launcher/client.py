@@ -88,14 +88,15 @@ class ForkServerHandle:
         finally:
             theirs.close()
         channel = Channel(ours)
+        closed = False
         try:
             channel.send(preload)
             reply = channel.recv(timeout_s)
         except ChannelClosedError:
-            reply = None
+            reply, closed = None, True
         if isinstance(reply, Ready):
             return cls(proc, channel, reply, generation)
-        timed_out = reply is None and proc.poll() is None
+        timed_out = reply is None and not closed
         channel.close()
         if timed_out:
             proc.kill()

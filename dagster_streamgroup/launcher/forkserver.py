@@ -17,7 +17,6 @@ import gc
 import importlib
 import os
 import select
-import shutil
 import signal
 import socket
 import sys
@@ -78,12 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _script_dir(entry_point: Sequence[str] | None) -> str:
-    """``sys.path[0]`` of the process Dagster would start: the ``dagster`` script's folder, or the working
-    directory for ``python -m dagster``."""
+    """``sys.path[0]`` of the process Dagster would start: the folder of the ``dagster`` script (installed
+    next to the interpreter), or the working directory for ``python -m dagster``."""
     if entry_point and len(entry_point) >= 3 and entry_point[1] == "-m":
         return os.getcwd()
-    script = shutil.which(entry_point[0] if entry_point else "dagster")
-    return os.path.dirname(os.path.realpath(script)) if script else os.path.dirname(sys.executable)
+    return os.path.dirname(sys.executable)
 
 
 class ForkServer:
@@ -169,7 +167,13 @@ class ForkServer:
             return
         go_r, go_w = os.pipe()
         inherited = [self.channel.sock.fileno(), go_w, *self.own_fds, *self.unreleased.values()]
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of memory or processes: the launcher spawns instead, and says why
+            os.close(go_r)
+            os.close(go_w)
+            self.channel.send(Refused(reason=f"fork() failed: {exc}"))
+            return
         if pid == 0:
             child.run(go_r, request.execute_run_args, inherited)
         os.close(go_r)

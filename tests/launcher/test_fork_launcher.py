@@ -54,6 +54,10 @@ def _captured_stdout(deployment: Deployment, run_id: str) -> str:
     return "".join(f.read_text() for f in files)
 
 
+def _exited(deployment: Deployment, run_id: str) -> bool:
+    return any(m.startswith("Process for run exited") for m in deployment.messages(run_id))
+
+
 def _engine_messages(deployment: Deployment, run_id: str) -> list[str]:
     return [m for m in deployment.messages(run_id) if "fork server" in m or "spawned" in m]
 
@@ -78,6 +82,8 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     try:
         spawned = default.launch("quick_job", tags)
         assert default.wait(spawned, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+        for place, run_id in ((deployment, forked), (default, spawned)):  # the worker's last event follows SUCCESS
+            wait_until("the worker's exit event", lambda p=place, r=run_id: _exited(p, r), 60)
         assert event_shape(deployment, forked) == event_shape(default, spawned)
         spawned_pid = default.materialization(spawned)["pid"]
         assert _captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
