@@ -117,6 +117,7 @@ class Sampler:
 
 FAILURE_CAUSES = (
     ("commit_refused", "commit refused"),
+    ("state_contention", "changed under every one of"),
     ("poison", "poison records"),
     ("worker_killed", "killed"),
     ("worker_gone", "is not running"),

@@ -120,6 +120,7 @@ def test_failed_runs_are_sorted_by_the_cause_their_messages_name() -> None:
     assert failure_cause(wrapped) == "commit_refused"
     assert failure_cause(["ValueError: poison records in t:3 (3) while poison-switch is on"]) == "poison"
     assert failure_cause(["run worker process 12 (forked) was killed by SIGKILL"]) == "worker_killed"
+    assert failure_cause(["ContentionError: state 'k' changed under every one of 6 attempts"]) == "state_contention"
     assert failure_cause(["something else"]) == "other"
 
 
