@@ -91,7 +91,9 @@ def wait_until_answering(bootstrap: str, timeout_s: float = 20.0, proc: subproce
             raise BrokerStartError(f"no answer from {bootstrap} within {timeout_s:.0f} s: nothing listens on the port")
         time.sleep(0.05)
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000})
-    last_error: Exception | None = None
+    # Only the text of an error is kept: the exception's traceback would hold this frame, and with it the client,
+    # which then outlives the call and logs a refused connection every second once the broker stops.
+    last_error = "no answer"
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise BrokerStartError(f"the broker exited with code {proc.returncode} before answering")
@@ -99,7 +101,7 @@ def wait_until_answering(bootstrap: str, timeout_s: float = 20.0, proc: subproce
             admin.list_topics(timeout=1.0)
             return
         except KafkaException as exc:
-            last_error = exc
+            last_error = str(exc)
             time.sleep(0.05)
     raise BrokerStartError(f"no answer from {bootstrap} within {timeout_s:.0f} s: {last_error}")
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupState, Refusal, Watermark
+from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupPolicy, GroupState, Refusal, Watermark
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.state import evolve
 from dagster_streamgroup.simulation import Simulation, random_scenario
@@ -244,3 +244,23 @@ def test_a_member_back_under_its_id_keeps_live_runs_and_relaunches_dead_ones() -
     assert back.shards["s1"].inflight is not None and back.shards["s1"].inflight.orphaned_at is None
     assert back.shards["s0"].inflight is None and back.shards["s0"].owner is None, "its run died 44 s ago"
     assert back.shards["s0"].committed == 0, "nothing skipped: the range is launched again"
+
+
+def test_a_new_group_can_start_at_a_timestamp() -> None:
+    """Like Spark's startingTimestamp: a shard the group has never seen starts at the first offset at or after
+    the time; until the member has looked that offset up, the shard waits; the stream's own group offset and a
+    shard found later (from its earliest offset) still come first."""
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, seek="timestamp", seek_timestamp_ms=1_000)
+    state = balanced_start(3, ("a",), policy)
+    marks = {
+        "s0": Watermark(low=0, high=100, at_timestamp=40),
+        "s1": Watermark(low=0, high=100),  # not looked up yet
+        "s2": Watermark(low=0, high=100, at_timestamp=40, group_committed=70),
+    }
+    state, launches = protocol.plan(state, "a", 5.0, marks, policy)
+    assert {x.shard: x.start for x in launches} == {"s0": 40, "s2": 70}
+    assert state.shards["s1"].committed is None
+    with pytest.raises(ValueError, match="seek_timestamp_ms: required"):
+        GroupPolicy(seek="timestamp")
+    with pytest.raises(ValueError, match="only used with seek='timestamp'"):
+        GroupPolicy(seek_timestamp_ms=5)

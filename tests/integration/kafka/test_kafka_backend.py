@@ -195,6 +195,25 @@ def test_a_group_whose_state_was_lost_resumes_at_its_kafka_offsets(
     assert state is not None and state.shards[f"{topic}:1"].committed == ends[1]
 
 
+def test_a_new_group_starts_at_a_timestamp(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    """seek='timestamp': the member looks up the first offset at or after the time (the broker's
+    offsets-for-times) and the group starts there, as Spark's startingTimestamp does."""
+    topic = kafka_topics(1)
+    produce_records(kafka_bootstrap, topic, 0, [b"old-1", b"old-2"])
+    time.sleep(1.2)  # the local broker looks times up by write time: space the two batches out
+    since = int(time.time() * 1000)
+    time.sleep(0.2)
+    produce_records(kafka_bootstrap, topic, 0, [b"new-1", b"new-2", b"new-3"])
+    backend = _backend(kafka_bootstrap, topic)
+    policy = GroupPolicy(join_grace_s=0, seek="timestamp", seek_timestamp_ms=since, min_backlog=1)
+    member = GroupMember(MemoryStore(time.time), backend, unique_name("g"), "m", policy)
+    [launch] = member.tick().new_launches
+    high = backend.watermarks([f"{topic}:0"])[f"{topic}:0"].high
+    assert (launch.start, launch.end) == (backend.offset_for_time(f"{topic}:0", since), high)
+    values = _table(backend.read_range(f"{topic}:0", launch.start, launch.end)).column("value").to_pylist()
+    assert values[0] == b"new-1" and b"old-2" not in values
+
+
 def test_a_commit_into_a_group_with_live_subscribers_is_rejected(
     kafka_bootstrap: str, kafka_topics: TopicFactory
 ) -> None:
