@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_random_exponential
 
@@ -98,6 +98,12 @@ def update_state(
         raise ContentionError(f"state {key!r} changed under every one of {max_attempts} attempts") from exc
     assert not isinstance(outcome, _Conflict)
     return outcome[0], CasStats(attempts=attempts, conflicts=attempts - 1, state=final[0])
+
+
+RUN_CAS: dict[str, Any] = {"max_attempts": 30, "backoff_cap_s": 2.0}
+"""A run's commit or failure report retries its compare-and-set longer than a sensor tick does (about a
+minute at most): a tick's leftovers wait for the next tick, but a run that gives up its commit to contention
+would have all its records read again."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,7 @@ class GroupMember:
                 return None, RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports})
             return protocol.commit_run(current, reports)
 
-        return update_state(self.store, self.key, transition, sleep=self.sleep)
+        return update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
 
     def touch_run(self, reports: Sequence[RangeReport]) -> None:
         """The run of ``reports`` says it is alive (every heartbeat while it executes)."""
@@ -268,7 +274,7 @@ class GroupMember:
                 return None, dict.fromkeys((r.shard for r in reports), FailOutcome.IGNORED)
             return protocol.fail_run(current, reports, reason, now, self.policy)
 
-        outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep)
+        outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
         return outcome
 
     def fail(self, report: RangeReport, reason: str) -> FailOutcome:

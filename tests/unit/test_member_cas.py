@@ -51,3 +51,41 @@ def test_no_write_when_nothing_changes() -> None:
     result, stats = update_state(store, "k", lambda current, _now: (current, "same"), sleep=lambda _s: None)
     _, token_after = store.load("k")
     assert result == "same" and stats.attempts == 1 and token_before == token_after
+
+
+class _RacedStore(MemoryStore):
+    """A real in-process store where another writer gets in between each load and save, ``races`` times."""
+
+    def __init__(self, races: int) -> None:
+        super().__init__(clock=lambda: 1.0)
+        self.races = races
+
+    def save_if(self, key: str, state: GroupState, token: str | None) -> bool:
+        if self.races > 0 and token is not None:
+            self.races -= 1
+            other, current = super().load(key)
+            assert other is not None
+            super().save_if(key, other.model_copy(update={"revision": other.revision + 1}), current)
+        return super().save_if(key, state, token)
+
+
+def test_a_runs_commit_outlasts_more_contention_than_a_tick() -> None:
+    """A tick gives up after 6 conflicts (its work waits for the next tick); a run's commit keeps trying, or all
+    its records would be read again."""
+    from dagster_streamgroup.member import GroupMember
+    from dagster_streamgroup.protocol import GroupPolicy, Watermark
+    from dagster_streamgroup.streams.kafka import KafkaBackend
+    from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
+
+    store = _RacedStore(races=0)
+    backend = KafkaBackend(KafkaStreamConfig(bootstrap_servers="127.0.0.1:9", topics=["t"]))  # never connects
+    policy = GroupPolicy(join_grace_s=0, min_backlog=1)
+    member = GroupMember(store, backend, "g", "m", policy, sleep=lambda _s: None)
+    state = protocol.sync_shards(protocol.new_group(backend.stream_id, "g", 0.0), ["t:0"], 0.0)
+    state = protocol.heartbeat(state, "m", 1.0)
+    state = protocol.rebalance(state, "m", 1.0, policy)
+    state, launches = protocol.plan(state, "m", 1.0, {"t:0": Watermark(low=0, high=10)}, policy)
+    assert store.save_if(member.key, state, None)
+    store.races = 10
+    outcome, stats = member.commit_run_state_only([protocol.report_of(x) for x in launches])
+    assert outcome.accepted and stats.conflicts == 10
