@@ -15,11 +15,16 @@
    ``drain_s`` is the time from the end of producing until Kafka's group offsets reach the high watermarks.
    The backlog's runs are those Dagster created from the end of the warm-up until then: ``runs``,
    ``launch_p50_s`` (median of run created to run started, from the run records' create_timestamp and
-   start_time as GraphQL serves them) and ``run_cpu_s_outside_spark``: the median over the run processes of
-   the CPU each spent (with its non-Spark children), **sampled** from ``/proc`` every ``--cpu-interval``
-   while it lives (its last interval is missed), plus an equal share of the code server's own CPU (sensor
-   ticks, run launches) over the same window. The code server's **children's accounting** (the runs it
-   reaped) is printed beside it as a check (``run_cpu.runs_reaped_s`` against ``runs_sampled_s``);
+   start_time as GraphQL serves them) and ``run_cpu_s_outside_spark``: the median over the runs of the CPU
+   spent by the run's own worker process (with its non-Spark children), plus its share of the code server's
+   and the fork servers' own CPU over the window. The worker is the process a run's ``streamgroup/run_worker``
+   tag names (``ForkServerRunLauncher``: PID and start time; a forked child of the fork server), or, for a
+   launcher that tags none (Dagster's default), a topmost process the code server started in the window. It is
+   **sampled** from ``/proc`` every ``--cpu-interval`` while it lives; the CPU of its last interval, which the
+   sampling misses, is added back from its parent's **children's accounting** (the fork server or the code
+   server reaps it: their ``cutime`` gains the worker's whole CPU), split equally over that parent's runs.
+   Readings start when the window opens, so a fork server's preload (before it) is not counted; a fork server
+   started during the window (code changed, location reloaded) has its preload printed apart;
 4. ``single_job_s``: the example's user function over the same ranges (each shard's backlog as one range)
    in ONE warm session of the deployment's kind (``bench.single_job``: the example's own Spark resource,
    so a Connect session on the same server by default), best of ``--single-job-repeats`` after a warm-up
@@ -57,6 +62,7 @@ from bench.figures import median_or_none, rounded, target_line
 from bench.single_job import single_job_seconds
 from bench.spark_overhead import consecutive_runs, mib, run_process
 from dagster_streamgroup.dagster.devserver import wait_for
+from dagster_streamgroup.launcher.worker import RunWorker
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import running_broker
 from dagster_streamgroup.local.kafka_data import create_topics
@@ -106,6 +112,28 @@ def print_timeline(runs: list[dict[str, Any]], produced_at: float, done: dict[st
         print(f"  {run_label(run['tags']):<60} created/started/ended (s after producing) {since}  {read}")
 
 
+def workers_of(runs: list[dict[str, Any]]) -> list[process_cpu.Worker | None]:
+    """Each run's worker as its ``streamgroup/run_worker`` tag names it (None: the launcher tags none). The
+    benchmark still selects runs by time; the tag only says which process ran each."""
+    out: list[process_cpu.Worker | None] = []
+    for run in runs:
+        tag = RunWorker.from_tags(run["tags"])
+        out.append(None if tag is None else process_cpu.Worker(tag.pid, tag.start_ticks, tag.via, tag.server_pid))
+    return out
+
+
+def worker_keys(
+    sampler: process_cpu.TreeSampler, runs: list[dict[str, Any]], since_boot: float
+) -> list[tuple[int, float]]:
+    """The sampler's keys of the runs' worker processes: tagged ones, and for untagged runs the topmost run
+    processes started since ``since_boot``."""
+    workers = workers_of(runs)
+    keys = [process_cpu.worker_key(w.pid, w.start_ticks) for w in workers if w is not None]
+    if any(w is None for w in workers):
+        keys += process_cpu.run_processes(sampler.snapshot(), since_boot)
+    return keys
+
+
 def finished(
     example: Deployment,
     sampler: process_cpu.TreeSampler,
@@ -122,7 +150,7 @@ def finished(
         return runs if all(run.get("endTime") for run in runs) else None
 
     runs = wait_for("the runs to end", ended, timeout_s, 1.0)
-    exited = process_cpu.wait_until_exited(sampler, process_cpu.run_processes(sampler.snapshot(), since_boot), 60.0)
+    exited = process_cpu.wait_until_exited(sampler, worker_keys(sampler, runs, since_boot), 60.0)
     return runs, exited
 
 
@@ -183,15 +211,8 @@ def drain(
     print_timeline(runs, produced_at, done)
     cpu_s = process_cpu.difference(cpu_after, cpu_before)
     print(f"CPU seconds from the end of the warm-up until the backlog's runs exited, by part: {cpu_s}", flush=True)
-    run_cpu = process_cpu.run_cpu_figures(sampler.snapshot(), window_boot, len(runs))
-    print(
-        f"run processes seen: {run_cpu.run_processes} for {len(runs)} runs (all exited: {exited}); per run CPU s "
-        f"outside Spark {[round(v, 2) for v in sorted(run_cpu.per_run_outside_spark_s)]} (code server and "
-        f"launchers {run_cpu.shared_s:.1f} s shared equally); the runs' own CPU sampled "
-        f"{run_cpu.sampled_runs_s:.1f} s, reaped by the code server {run_cpu.reaped_children_s:.1f} s; "
-        f"local Spark in runs {run_cpu.local_spark_s:.1f} s",
-        flush=True,
-    )
+    run_cpu = process_cpu.run_cpu_figures(sampler.snapshot(), window_boot, workers_of(runs))
+    print_run_cpu(run_cpu, len(runs), exited)
     launches = deployment.launch_seconds(runs)
     figures: dict[str, Any] = {
         "warmup_s": round(warmup_s, 2),
@@ -205,15 +226,42 @@ def drain(
         "launch_p50_s": rounded(median_or_none(launches)),
         "launch_s_max": rounded(max(launches)) if launches else None,
         "run_cpu_s_outside_spark": rounded(median_or_none(run_cpu.per_run_outside_spark_s)),
-        "run_cpu": {
-            "run_processes": run_cpu.run_processes,
-            "code_server_shared_s": round(run_cpu.shared_s, 2),
-            "runs_sampled_s": round(run_cpu.sampled_runs_s, 2),
-            "runs_reaped_s": round(run_cpu.reaped_children_s, 2),
-            "local_spark_in_runs_s": round(run_cpu.local_spark_s, 2),
-        },
+        "run_worker": {"via": run_cpu.via, "sampled": run_cpu.workers_sampled},
+        "run_cpu": run_cpu_json(run_cpu),
     }
     return figures, env, starts, highs
+
+
+def run_cpu_json(run_cpu: process_cpu.RunCpu) -> dict[str, Any]:
+    return {
+        "per_run_s": [round(v, 3) for v in sorted(run_cpu.per_run_outside_spark_s)],
+        "workers_sampled_s": round(run_cpu.sampled_s, 2),
+        "workers_reaped_s": round(run_cpu.reaped_s, 2),
+        "tail_s": round(run_cpu.tail_s, 2),
+        "code_server_s": round(run_cpu.code_server_s, 2),
+        "fork_server_s": round(run_cpu.fork_server_s, 2),
+        "fork_servers_started": run_cpu.fork_servers_started,
+        "fork_server_preload_in_window_s": round(run_cpu.fork_server_preload_s, 2),
+        "local_spark_in_runs_s": round(run_cpu.local_spark_s, 2),
+    }
+
+
+def print_run_cpu(run_cpu: process_cpu.RunCpu, runs: int, exited: bool) -> None:
+    """The parts of ``run_cpu_s_outside_spark``."""
+    n = max(run_cpu.runs, 1)
+    print(
+        f"run workers: {run_cpu.via} for {runs} runs, {run_cpu.workers_sampled} sampled alive (all exited: "
+        f"{exited}); per run CPU s outside Spark "
+        f"{[round(v, 3) for v in sorted(run_cpu.per_run_outside_spark_s)]}\n"
+        f"  = worker sampled ({run_cpu.sampled_s - run_cpu.local_spark_s:.2f} s in all) "
+        f"+ tail the sampling missed ({run_cpu.tail_s:.2f} s: reaped by fork/code server {run_cpu.reaped_s:.2f} s "
+        f"less sampled), split over each reaper's runs\n"
+        f"  + shared: code server {run_cpu.code_server_s:.2f} s + fork servers {run_cpu.fork_server_s:.2f} s "
+        f"= {run_cpu.shared_s / n:.3f} s per run\n"
+        f"  fork servers started in the window: {run_cpu.fork_servers_started} (preload "
+        f"{run_cpu.fork_server_preload_s:.2f} s, not per run); local Spark in runs {run_cpu.local_spark_s:.2f} s",
+        flush=True,
+    )
 
 
 def print_targets(result: dict[str, Any], members: int) -> None:

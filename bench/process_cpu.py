@@ -7,9 +7,15 @@ Two ways of counting, because run processes come and go between readings:
   server, so its whole CPU moves into the code server's children's time: the sum over a tree is exact over
   an interval, but runs and code server can only be told apart as one part.
 - **per process** (``TreeSampler``): each process's own user + system time, read every ``interval_s``
-  until it disappears, keyed by (PID, start time). A run's figure is the last reading of its process and of
-  its non-Spark descendants, so it misses at most the CPU of its last ``interval_s`` (process exit); the
-  totals above show how much that was.
+  until it disappears, keyed by (PID, start time). A run's figure is the last reading of its worker process
+  and of its non-Spark descendants, so it misses at most the CPU of its last ``interval_s`` (process exit).
+  The worker's parent reaps it, and the parent's children's time then holds the worker's whole CPU: the
+  difference between the two is the *tail* the sampling missed, added back per parent (``run_cpu_figures``).
+
+Run workers are found in two ways. ``ForkServerRunLauncher`` names each run's worker in the run's
+``streamgroup/run_worker`` tag (PID and start time in clock ticks); the worker is a forked child of a fork
+server, itself a child of the daemon. Dagster's default launcher names none; its workers are the topmost
+processes started by the code server after the window opened (``run_processes``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +31,7 @@ PROC = Path("/proc")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 CODE_SERVER = "code_server"
+FORK_SERVER = "fork_server"
 RUNS = "runs"
 SPARK_IN_RUNS = "spark_in_runs"
 CODE_SERVER_AND_RUNS = "code_server_and_runs"
@@ -36,6 +43,7 @@ ROLES: tuple[tuple[bytes, str], ...] = (
     (b"dagster-webserver", "webserver"),
     (b"code-server start", CODE_SERVER),
     (b"api grpc", CODE_SERVER),
+    (b"dagster_streamgroup.launcher.forkserver", FORK_SERVER),
     (b"org.apache.spark", SPARK_IN_RUNS),
     (b"pyspark.daemon", SPARK_IN_RUNS),
     (b"pyspark.worker", SPARK_IN_RUNS),
@@ -43,7 +51,8 @@ ROLES: tuple[tuple[bytes, str], ...] = (
     (b"pyspark/worker", SPARK_IN_RUNS),
 )
 """Command-line fragments of the processes of ``dagster dev`` by role; the root is ``dagster_dev`` and any
-other process is part of a run (the run worker, its log tailers, a local Spark it started)."""
+other process is part of a run (the run worker, its log tailers, a local Spark it started). A forked run worker
+keeps its fork server's command line: it is told apart by its parent (``role_of``)."""
 
 
 @dataclass(frozen=True)
@@ -71,19 +80,21 @@ def parse_stat(pid: int, text: str) -> Stat:
     )
 
 
-def role_of(command: bytes, *, root: bool) -> str:
-    """The part of ``dagster dev``'s tree a process is, from its command line."""
+def role_of(command: bytes, *, root: bool, parent_role: str | None = None) -> str:
+    """The part of ``dagster dev``'s tree a process is, from its command line (and its parent's role: a
+    child of a fork server has the server's command line but is a run worker)."""
     if root:
         return "dagster_dev"
     for needle, role in ROLES:
         if needle in command:
-            return role
+            return RUNS if role == FORK_SERVER and parent_role == FORK_SERVER else role
     return RUNS
 
 
 def part_of_role(role: str) -> str:
-    """Roles as the totals can tell them apart (see the module docstring)."""
-    return CODE_SERVER_AND_RUNS if role in (CODE_SERVER, RUNS, SPARK_IN_RUNS) else role
+    """Roles as the totals can tell them apart (see the module docstring): a fork server reaps its runs, so
+    its totals hold theirs."""
+    return CODE_SERVER_AND_RUNS if role in (CODE_SERVER, FORK_SERVER, RUNS, SPARK_IN_RUNS) else role
 
 
 def uptime_s() -> float:
@@ -158,6 +169,9 @@ class Seen:
     first_children_s: float
     last_children_s: float
     alive: bool = True
+    own_at_first_child_s: float | None = None
+    """Own CPU when a child of this process was first seen: for a fork server started while sampling, the
+    end of its preload (it forks only once loaded)."""
 
 
 @dataclass
@@ -199,7 +213,15 @@ class TreeSampler:
                 entry_or_none = self.seen.get(key)
                 if entry_or_none is None:
                     parent = keys.get(stat.ppid)
-                    role = role_of(command_of(pid), root=pid == self.root)
+                    # ``descendants`` lists a parent before its children: it is in ``seen`` already.
+                    parent_entry = self.seen.get(parent) if parent is not None else None
+                    if parent_entry is not None and parent_entry.own_at_first_child_s is None:
+                        parent_entry.own_at_first_child_s = stats[parent_entry.pid].own_s
+                    role = role_of(
+                        command_of(pid),
+                        root=pid == self.root,
+                        parent_role=parent_entry.role if parent_entry is not None else None,
+                    )
                     entry_or_none = Seen(
                         pid, stat.started_s, parent, role, stat.own_s, stat.own_s, stat.children_s, stat.children_s
                     )
@@ -247,40 +269,138 @@ def run_cpu(seen: Mapping[tuple[int, float], Seen], run: tuple[int, float]) -> t
     return outside, spark
 
 
+def worker_key(pid: int, start_ticks: int) -> tuple[int, float]:
+    """The sampler's key of the process a ``streamgroup/run_worker`` tag names (PID, start in clock ticks)."""
+    return pid, start_ticks / TICKS_PER_S
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A run's worker as its ``streamgroup/run_worker`` tag names it."""
+
+    pid: int
+    start_ticks: int
+    via: str
+    """``fork`` (a child of the fork server ``server_pid``) or ``spawn`` (a child of the launcher's process)."""
+    server_pid: int | None = None
+
+
 @dataclass(frozen=True)
 class RunCpu:
-    """CPU seconds of the code server and the run processes over a window (see ``run_cpu_figures``)."""
+    """CPU seconds of the runs' workers, the code server and the fork servers over a window (see
+    ``run_cpu_figures``)."""
 
     per_run_outside_spark_s: list[float]
-    """Each run process's own CPU (and its non-Spark descendants') plus an equal share of ``shared_s``."""
-    run_processes: int
-    shared_s: float
-    """Own CPU of the code server and of launcher processes started before the window (sensor ticks, run
-    launches), split equally over the runs."""
+    """Each run's worker (and its non-Spark descendants) sampled, plus its share of its reaper's tail, plus an
+    equal share of ``shared_s``."""
+    runs: int
+    via: dict[str, int]
+    """How the runs' workers were started: ``fork``/``spawn`` (tagged), ``untagged`` (Dagster's launchers)."""
+    workers_sampled: int
+    """Runs whose worker the sampler saw alive at least once."""
+    sampled_s: float
+    """Own CPU of the runs' workers and descendants as last sampled (Spark included)."""
+    reaped_s: float
+    """The children's time their reapers (fork servers, code server) gained over the window."""
+    tail_s: float
+    """``reaped_s`` minus the sampled CPU of those reapers' runs (when positive): what the sampling missed."""
+    code_server_s: float
+    """Own CPU of the code server over the window (sensor ticks, run launches of Dagster's default launcher)."""
+    fork_server_s: float
+    """Own CPU of the fork servers over the window, after their preload (forks, reaping)."""
+    fork_server_preload_s: float
+    """Own CPU of fork servers started during the window until they first forked (a code change or a reloaded
+    location replaced a server): a one-time cost, outside the per-run figure."""
+    fork_servers_started: int
     local_spark_s: float
     """CPU of Spark processes the runs started themselves (classic ``local[N]`` sessions), outside the figure."""
-    sampled_runs_s: float
-    reaped_children_s: float
-    """The same runs as their parents' accounting saw them (children reaped by the code server): a check
-    of ``sampled_runs_s`` (which misses each process's last ``interval_s``)."""
+
+    @property
+    def shared_s(self) -> float:
+        return self.code_server_s + self.fork_server_s
 
 
-def run_cpu_figures(seen: Mapping[tuple[int, float], Seen], window_start_s: float, runs: int) -> RunCpu:
-    """CPU of the runs started after ``window_start_s``, per run, from a sampler started at that moment."""
-    roots = run_processes(seen, window_start_s)
-    figures = [run_cpu(seen, root) for root in roots]
-    long_lived = [e for e in seen.values() if e.role in (CODE_SERVER, RUNS) and e.started_s < window_start_s]
-    shared = sum(e.last_own_s - e.first_own_s for e in long_lived)
-    reaped = sum(e.last_children_s - e.first_children_s for e in long_lived)
-    share = shared / runs if runs else 0.0
-    per_run = [outside + share for outside, _ in figures] if figures else ([share] * runs)
+def _fork_server_cpu(entry: Seen, window_start_s: float) -> tuple[float, float]:
+    """(serving, preload) own CPU of a fork server over the window, from the sampler's readings."""
+    if entry.started_s < window_start_s:
+        return entry.last_own_s - entry.first_own_s, 0.0
+    loaded = entry.last_own_s if entry.own_at_first_child_s is None else entry.own_at_first_child_s
+    return entry.last_own_s - loaded, loaded - entry.first_own_s
+
+
+def run_cpu_figures(
+    seen: Mapping[tuple[int, float], Seen], window_start_s: float, workers: Sequence[Worker | None]
+) -> RunCpu:
+    """Per-run CPU of the runs created in a window, from a sampler started when the window opened (its first
+    readings are the window's start: what a process spent before, a fork server's preload above all, is not
+    counted). ``workers`` holds one entry per run: its tagged worker, or None for a run of a launcher that
+    tags none, whose worker is then one of ``run_processes``."""
+    tagged = {worker_key(w.pid, w.start_ticks) for w in workers if w is not None}
+    untagged_roots = sorted(
+        (key for key in run_processes(seen, window_start_s) if key not in tagged), key=lambda k: seen[k].started_s
+    )
+    code_servers = [key for key, e in seen.items() if e.role == CODE_SERVER]
+
+    # Each run: its worker's key if sampled, and the process that reaps it (whose children's time holds it).
+    own: list[tuple[float, float]] = []
+    reaper_of: list[tuple[int, float] | None] = []
+    via: dict[str, int] = {}
+    spare_roots = iter(untagged_roots)
+    for worker in workers:
+        how = worker.via if worker is not None else "untagged"
+        via[how] = via.get(how, 0) + 1
+        key: tuple[int, float] | None
+        if worker is not None:
+            key = worker_key(worker.pid, worker.start_ticks)
+            if key not in seen:
+                key = None
+                servers = [k for k, e in seen.items() if e.role == FORK_SERVER and e.pid == worker.server_pid]
+                reaper_of.append(max(servers, key=lambda k: k[1]) if worker.via == "fork" and servers else None)
+        else:
+            key = next(spare_roots, None)
+            if key is None:
+                reaper_of.append(code_servers[0] if len(code_servers) == 1 else None)
+        if key is not None:
+            own.append(run_cpu(seen, key))
+            parent = seen[key].parent
+            usable = parent is not None and parent in seen and seen[parent].role in (CODE_SERVER, FORK_SERVER)
+            reaper_of.append(parent if usable else None)
+        else:
+            own.append((0.0, 0.0))
+    extra_roots = list(spare_roots)  # more topmost processes than untagged runs: counted, as runs of their own
+    for key in extra_roots:
+        own.append(run_cpu(seen, key))
+        reaper_of.append(None)
+
+    tail_share = [0.0] * len(own)
+    reaped_total = tail_total = 0.0
+    for reaper in {r for r in reaper_of if r is not None}:
+        mine = [i for i, r in enumerate(reaper_of) if r == reaper]
+        reaped = seen[reaper].last_children_s - seen[reaper].first_children_s
+        tail = max(0.0, reaped - sum(sum(own[i]) for i in mine))
+        reaped_total += reaped
+        tail_total += tail
+        for i in mine:
+            tail_share[i] = tail / len(mine)
+
+    code_server_s = sum(seen[key].last_own_s - seen[key].first_own_s for key in code_servers)
+    fork = [_fork_server_cpu(e, window_start_s) for e in seen.values() if e.role == FORK_SERVER]
+    fork_server_s = sum(serving for serving, _ in fork)
+    share = (code_server_s + fork_server_s) / len(own) if own else 0.0
     return RunCpu(
-        per_run_outside_spark_s=per_run,
-        run_processes=len(roots),
-        shared_s=shared,
-        local_spark_s=sum(spark for _, spark in figures),
-        sampled_runs_s=sum(outside + spark for outside, spark in figures),
-        reaped_children_s=reaped,
+        per_run_outside_spark_s=[outside + tail + share for (outside, _), tail in zip(own, tail_share, strict=True)],
+        runs=len(own),
+        via=via,
+        workers_sampled=sum(1 for w in workers if w is not None and worker_key(w.pid, w.start_ticks) in seen)
+        + len(untagged_roots),
+        sampled_s=sum(outside + spark for outside, spark in own),
+        reaped_s=reaped_total,
+        tail_s=tail_total,
+        code_server_s=code_server_s,
+        fork_server_s=fork_server_s,
+        fork_server_preload_s=sum(preload for _, preload in fork),
+        fork_servers_started=sum(1 for e in seen.values() if e.role == FORK_SERVER and e.started_s >= window_start_s),
+        local_spark_s=sum(spark for _, spark in own),
     )
 
 

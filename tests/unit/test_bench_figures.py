@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
 from bench import process_cpu
+from bench.e2e import workers_of
 from bench.figures import (
     HighWatermarkHistory,
     lag_records,
@@ -18,8 +22,10 @@ from bench.figures import (
     sustained,
     target_line,
 )
-from bench.process_cpu import RUNS, Seen
+from bench.process_cpu import FORK_SERVER, RUNS, Seen, Worker
 from bench.sustained import parse_rates, summary
+from dagster_streamgroup.dagster.devserver import wait_for
+from dagster_streamgroup.launcher.worker import WORKER_TAG, RunWorker
 
 
 def test_percentile_interpolates_between_ranks() -> None:
@@ -98,6 +104,8 @@ def test_parse_stat_with_a_command_name_holding_parentheses() -> None:
         (b"python -m dagster_webserver --port 1", "webserver"),
         (b"python -m dagster api grpc --lazy-load-user-code", "code_server"),
         (b"python -c from multiprocessing.spawn import spawn_main", RUNS),
+        (b"python -m dagster api execute_run {}", RUNS),
+        (b"python -m dagster_streamgroup.launcher.forkserver --fd 5", FORK_SERVER),
         (b"java -cp x org.apache.spark.deploy.SparkSubmit", "spark_in_runs"),
     ],
 )
@@ -106,34 +114,146 @@ def test_roles_from_command_lines(command: bytes, role: str) -> None:
     assert process_cpu.role_of(command, root=True) == "dagster_dev"
 
 
-def seen(pid: int, started: float, parent: tuple[int, float] | None, role: str, own: tuple[float, float]) -> Seen:
-    return Seen(pid, started, parent, role, own[0], own[1], 0.0, 0.0)
+def test_a_forked_worker_keeps_its_servers_command_line_but_is_a_run() -> None:
+    command = b"python -m dagster_streamgroup.launcher.forkserver --fd 5"
+    assert process_cpu.role_of(command, root=False, parent_role=FORK_SERVER) == RUNS
+    assert process_cpu.role_of(command, root=False, parent_role="daemon") == FORK_SERVER
+    assert process_cpu.part_of_role(FORK_SERVER) == process_cpu.CODE_SERVER_AND_RUNS
 
 
-def test_runs_are_the_topmost_run_processes_started_in_the_window() -> None:
-    server = (10, 1.0)
-    fork_server = (11, 2.0)  # a launcher process already running when the window opened
+def seen(
+    pid: int,
+    started: float,
+    parent: tuple[int, float] | None,
+    role: str,
+    own: tuple[float, float],
+    children: tuple[float, float] = (0.0, 0.0),
+    own_at_first_child: float | None = None,
+) -> Seen:
+    return Seen(pid, started, parent, role, own[0], own[1], children[0], children[1], True, own_at_first_child)
+
+
+def ticks(seconds: float) -> int:
+    return round(seconds * process_cpu.TICKS_PER_S)
+
+
+WINDOW = 40.0
+CODE = (10, 1.0)
+DAEMON = (12, 1.5)
+SERVER = (13, 2.0)
+
+
+def fork_launcher_table() -> dict[tuple[int, float], Seen]:
+    """A window of the fork-server launcher: the code server ticks sensors, the fork server (preloaded long
+    before the window) forks three workers; the sampler saw two of them, and the fork server reaped all three."""
+    w1, w2 = process_cpu.worker_key(20, ticks(50.0)), process_cpu.worker_key(21, ticks(55.0))
+    return {
+        CODE: seen(10, 1.0, None, "code_server", (30.0, 30.6)),
+        DAEMON: seen(12, 1.5, None, "daemon", (8.0, 12.0)),
+        SERVER: seen(13, 2.0, DAEMON, FORK_SERVER, (6.1, 6.13), children=(5.0, 6.2), own_at_first_child=6.0),
+        w1: seen(20, w1[1], SERVER, RUNS, (0.05, 0.3)),  # first seen 0.05 s in: its whole CPU is since the fork
+        w2: seen(21, w2[1], SERVER, RUNS, (0.1, 0.4)),
+    }
+
+
+def fork_workers() -> list[Worker | None]:
+    return [
+        Worker(20, ticks(50.0), "fork", 13),
+        Worker(21, ticks(55.0), "fork", 13),
+        Worker(22, ticks(58.0), "fork", 13),  # forked and reaped between two readings: never sampled
+    ]
+
+
+def test_fork_launcher_runs_are_their_tagged_workers_plus_the_tail_and_the_shared_cpu() -> None:
+    figures = process_cpu.run_cpu_figures(fork_launcher_table(), WINDOW, fork_workers())
+    assert figures.via == {"fork": 3}
+    assert (figures.runs, figures.workers_sampled) == (3, 2)
+    assert figures.sampled_s == pytest.approx(0.3 + 0.4)
+    # The fork server reaped 1.2 s: the three workers' whole CPU. 0.5 s of it was never sampled.
+    assert figures.reaped_s == pytest.approx(1.2)
+    assert figures.tail_s == pytest.approx(0.5)
+    # Readings from the window's start: the server's preload (6.1 s before the window) is not counted.
+    assert figures.fork_server_s == pytest.approx(0.03)
+    assert figures.fork_server_preload_s == 0.0
+    assert figures.code_server_s == pytest.approx(0.6)
+    shared = (0.6 + 0.03) / 3  # the daemon's CPU is not the launcher's: the fork server's is
+    tail = 0.5 / 3
+    assert sorted(figures.per_run_outside_spark_s) == pytest.approx(
+        [0.0 + tail + shared, 0.3 + tail + shared, 0.4 + tail + shared]
+    )
+    # The per-run figures add up to what the workers, the code server and the fork server spent.
+    assert sum(figures.per_run_outside_spark_s) == pytest.approx(1.2 + 0.6 + 0.03)
+
+
+def test_a_fork_server_started_in_the_window_has_its_preload_apart() -> None:
+    table = fork_launcher_table()
+    replaced = (14, 52.0)  # the code changed: a new server loads for 6 s, then forks the last run
+    w3 = process_cpu.worker_key(22, ticks(58.0))
+    table[replaced] = seen(14, 52.0, DAEMON, FORK_SERVER, (0.0, 6.02), children=(0.0, 0.25), own_at_first_child=6.0)
+    table[w3] = seen(22, w3[1], replaced, RUNS, (0.01, 0.2))
+    table[SERVER].last_children_s = 5.7  # it reaped the first two only
+    workers = [*fork_workers()[:2], Worker(22, ticks(58.0), "fork", 14)]
+    figures = process_cpu.run_cpu_figures(table, WINDOW, workers)
+    assert figures.fork_servers_started == 1
+    assert figures.fork_server_preload_s == pytest.approx(6.0)
+    assert figures.fork_server_s == pytest.approx(0.03 + 0.02)
+    assert figures.tail_s == pytest.approx(0.0 + 0.05)  # each server's reaped CPU against its own runs
+    shared = (0.6 + 0.05) / 3
+    assert sorted(figures.per_run_outside_spark_s) == pytest.approx([0.25 + shared, 0.3 + shared, 0.4 + shared])
+
+
+def test_default_launcher_runs_are_the_topmost_processes_the_code_server_started() -> None:
     table = {
-        server: seen(10, 1.0, None, "code_server", (5.0, 6.0)),
-        fork_server: seen(11, 2.0, server, RUNS, (1.0, 1.5)),
-        (20, 50.0): seen(20, 50.0, fork_server, RUNS, (0.2, 0.4)),
+        CODE: seen(10, 1.0, None, "code_server", (5.0, 6.0), children=(1.0, 4.5)),
+        (20, 50.0): seen(20, 50.0, CODE, RUNS, (0.2, 2.0)),
         (21, 51.0): seen(21, 51.0, (20, 50.0), RUNS, (0.0, 0.1)),  # its log tailer
         (22, 52.0): seen(22, 52.0, (20, 50.0), "spark_in_runs", (0.0, 9.0)),  # a local Spark it started
-        (30, 60.0): seen(30, 60.0, server, RUNS, (0.3, 0.6)),
-        (5, 0.5): seen(5, 0.5, server, RUNS, (0.0, 0.1)),  # a helper started before the window
+        (30, 60.0): seen(30, 60.0, CODE, RUNS, (0.3, 1.2)),
+        (5, 0.5): seen(5, 0.5, CODE, RUNS, (0.0, 0.1)),  # a helper started before the window
     }
-    assert sorted(process_cpu.run_processes(table, 40.0)) == [(20, 50.0), (30, 60.0)]
-    assert process_cpu.run_cpu(table, (20, 50.0)) == pytest.approx((0.5, 9.0))
-    figures = process_cpu.run_cpu_figures(table, 40.0, runs=2)
-    shared = (6.0 - 5.0) + (1.5 - 1.0) + 0.1  # the code server's, fork server's and helper's own CPU
-    assert figures.shared_s == pytest.approx(shared)
-    assert sorted(figures.per_run_outside_spark_s) == pytest.approx([0.5 + shared / 2, 0.6 + shared / 2])
+    assert sorted(process_cpu.run_processes(table, WINDOW)) == [(20, 50.0), (30, 60.0)]
+    assert process_cpu.run_cpu(table, (20, 50.0)) == pytest.approx((2.1, 9.0))
+    figures = process_cpu.run_cpu_figures(table, WINDOW, [None, None])
+    assert figures.via == {"untagged": 2}
     assert figures.local_spark_s == pytest.approx(9.0)
+    # Reaped 3.5 s against 2.1 + 9.0 + 1.2 sampled: nothing missed (a Spark process is not reaped here).
+    assert figures.tail_s == 0.0
+    assert sorted(figures.per_run_outside_spark_s) == pytest.approx([1.2 + 0.5, 2.1 + 0.5])
 
 
-def test_without_run_processes_each_run_gets_its_share_of_the_code_server() -> None:
-    table = {(10, 1.0): seen(10, 1.0, None, "code_server", (5.0, 9.0))}
-    assert process_cpu.run_cpu_figures(table, 40.0, runs=4).per_run_outside_spark_s == [1.0] * 4
+def test_untagged_runs_never_sampled_get_the_code_servers_tail_and_share() -> None:
+    table = {CODE: seen(10, 1.0, None, "code_server", (5.0, 9.0), children=(0.0, 2.0))}
+    figures = process_cpu.run_cpu_figures(table, WINDOW, [None] * 4)
+    assert figures.per_run_outside_spark_s == pytest.approx([0.5 + 1.0] * 4)
+
+
+def test_the_sampler_tells_a_fork_server_from_its_workers_and_notes_when_it_first_forked() -> None:
+    sampler = process_cpu.TreeSampler(os.getpid())
+    sampler.sample()
+    assert sampler.seen[(os.getpid(), process_cpu.read_stats()[os.getpid()].started_s)].role == "dagster_dev"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdin.read()", "dagster_streamgroup.launcher.forkserver"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        wait_for("the child to start", lambda: child.pid in process_cpu.read_stats(), 10.0, 0.05)
+        sampler.sample()
+        me = next(e for e in sampler.seen.values() if e.pid == os.getpid())
+        assert me.own_at_first_child_s is not None and me.own_at_first_child_s <= me.last_own_s
+        entry = next(e for e in sampler.seen.values() if e.pid == child.pid)
+        assert entry.role == FORK_SERVER  # its parent is the root, not a fork server
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(10)
+    sampler.sample()
+    assert not entry.alive
+
+
+def test_workers_from_run_tags() -> None:
+    tag = RunWorker(host="h", boot_id="b", pid=20, start_ticks=5000, via="fork", server_pid=13).tag()
+    runs = [{"tags": tag}, {"tags": {"dagster/run_key": "x"}}, {"tags": {WORKER_TAG: "not json"}}]
+    assert workers_of(runs) == [Worker(20, 5000, "fork", 13), None, None]
 
 
 def phase(target: float, achieved: float, ok: bool, p95: float, cores: float) -> dict[str, object]:
