@@ -29,6 +29,7 @@ from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evalua
 from dagster_streamgroup.dagster.resources import StreamGroupConfigError, StreamGroupResource
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
+from dagster_streamgroup.streams.base import StreamError
 
 ENDED_UNREPORTED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 LAG_REPORT_INTERVAL_S = 30.0
@@ -175,6 +176,7 @@ def evaluate_member_tick(
     events += _group_event_observations(target, report, before)
     repairs, cursor.repaired = _unrecorded_commits(instance, target, report.state, member_id, cursor.repaired)
     events += repairs
+    notes += _mirror_repaired(resource, report.state, repairs)
     summary = _summary(report, notes, time.monotonic() - started)
     context.log.info(summary)
     return dg.SensorResult(
@@ -490,6 +492,26 @@ def _unrecorded_commits(
             if key not in done:
                 done.append(key)
     return repairs, still + tuple(done)
+
+
+def _mirror_repaired(
+    resource: StreamGroupResource, state: GroupState, repairs: Sequence[dg.AssetMaterialization]
+) -> list[str]:
+    """A run that died between its commit and its offset mirror left the stream's own record of the group
+    (Kafka's group offsets, the v3io attribute, what lag tools read) behind: mirror the committed offsets now.
+    The mirror only moves forward, so a later commit already mirrored is never undone."""
+    offsets = {
+        r.partition: committed
+        for r in repairs
+        if r.partition is not None and (committed := state.shards[r.partition].committed) is not None
+    }
+    if not offsets:
+        return []
+    try:
+        resource.backend().commit(resource.group, offsets)
+    except StreamError as exc:
+        return [f"mirroring the offsets of repaired ranges failed (the next commit mirrors later ones): {exc}"]
+    return [f"mirrored the offsets of {len(offsets)} repaired range(s)"]
 
 
 OBSERVED_EVENTS = frozenset(
