@@ -62,7 +62,7 @@ from bench.figures import median_or_none, rounded, target_line
 from bench.single_job import single_job_seconds
 from bench.spark_overhead import consecutive_runs, mib, run_process
 from dagster_streamgroup.dagster.devserver import wait_for
-from dagster_streamgroup.launcher.worker import RunWorker
+from dagster_streamgroup.launcher.worker import WORKER_TAG, RunWorker
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import running_broker
 from dagster_streamgroup.local.kafka_data import create_topics
@@ -91,7 +91,11 @@ def probe(target: list[str]) -> float:
 def run_label(tags: dict[str, str]) -> str:
     """What a run says about itself in its ``streamgroup/`` tags (member, ranges, records or shard), for the
     timeline only: the benchmark selects runs by time, whatever their tags."""
-    shown = sorted((k, v) for k, v in tags.items() if k.startswith("streamgroup/") and not k.endswith(("group", "key")))
+    shown = sorted(
+        (k, v)
+        for k, v in tags.items()
+        if k.startswith("streamgroup/") and not k.endswith(("group", "key")) and k != WORKER_TAG
+    )
     return " ".join(f"{k.removeprefix('streamgroup/')}={v}" for k, v in shown)
 
 
