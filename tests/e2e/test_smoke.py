@@ -1,7 +1,8 @@
 """A smoke test of the example under a real ``dagster dev`` (daemon and webserver), in the default suite.
 
 2 member sensors over a 4-partition Kafka topic, about 20,000 clickstream events, one member stopped, one
-daemon restart: every offset committed exactly once, as Dagster's materializations show over GraphQL. The
+daemon restart, the Dagster instance on PostgreSQL: every offset committed exactly once, as Dagster's
+materializations show over GraphQL. The
 long setting of the same scenario (both streams, a CLI backfill, 200,000 events) is ``test_dagster_dev.py``.
 """
 
@@ -35,5 +36,6 @@ def test_smoke_under_dagster_dev(kafka_bootstrap: str, work_dir: Path) -> None:
         session_timeout_s=20.0,
         drain_timeout_s=240.0,
         backfill=False,
-        extra_env={"CLICKSTREAM_MAX_WAIT_S": "2"},
+        # The Dagster instance on PostgreSQL, as a production deployment keeps it (docs/deploying.md).
+        extra_env={"CLICKSTREAM_MAX_WAIT_S": "2", "DAGSTER_STORAGE": "postgres"},
     )
