@@ -220,11 +220,19 @@ PROCESS_KINDS = (
 start each run, which it does with multiprocessing's spawn (``spawn_main``)."""
 
 
+FORK_LAUNCHER_NAMES = {"dagster-run": "run worker", "dagster-forksrv": "fork server"}
+"""The example's ForkServerRunLauncher names its processes (``/proc/PID/comm``): a run worker is a forked child
+of the fork server, with the server's command line."""
+
+
 def process_kind(pid: int) -> str:
     try:
+        name = (PROC / str(pid) / "comm").read_text().strip()
         line = b" ".join(part.rsplit(b"/", 1)[-1] for part in (PROC / str(pid) / "cmdline").read_bytes().split(b"\0"))
     except OSError:
         return "gone"
+    if name in FORK_LAUNCHER_NAMES:
+        return FORK_LAUNCHER_NAMES[name]
     return next((kind for needle, kind in PROCESS_KINDS if needle in line), "other")
 
 
