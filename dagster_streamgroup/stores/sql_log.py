@@ -34,8 +34,8 @@ from sqlalchemy.schema import CreateTable
 from dagster_streamgroup.protocol import delta
 from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
-from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
-from dagster_streamgroup.stores.sql import _UNREACHABLE, DEFAULT_TABLE, SqlStateStore
+from dagster_streamgroup.stores.base import StateToken, StoreUnavailableError
+from dagster_streamgroup.stores.sql import _UNREACHABLE, DEFAULT_TABLE, SqlStateStore, _parse_token
 
 FOLD_FRACTION = 2.0
 """Fold the log into the base row once the rows appended since weigh this much of the state: the fold rewrites
@@ -170,7 +170,7 @@ class LoggedSqlStateStore(SqlStateStore):
                     with self._lock:
                         self._known[key] = _Known(1, state, 1, 0, len(body))
                 return created
-            return self._append(key, state, _version_of(token))
+            return self._append(key, state, _parse_token(token))
         except _UNREACHABLE as exc:
             raise self._unavailable(f"save {key!r}", exc) from exc
 
@@ -269,12 +269,3 @@ class LoggedSqlStateStore(SqlStateStore):
             f"{self._where(key)}: the row is marked as not a readable dagster-streamgroup state; "
             "refusing to overwrite it"
         )
-
-
-def _version_of(token: StateToken) -> int:
-    try:
-        return int(token)
-    except (TypeError, ValueError):
-        raise StoreConfigError(
-            f"token {token!r} is not a version issued by a SQL store (expected the string of an integer)"
-        ) from None
