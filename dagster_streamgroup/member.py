@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -169,8 +169,9 @@ class GroupMember:
                 )
         return {s: self._watermarks[s] for s in shard_ids if s in self._watermarks}
 
-    def tick(self) -> TickReport:
-        """Heartbeat, evict, rebalance, and plan the next ranges, in one CAS write."""
+    def tick(self, recorded: Collection[str] = ()) -> TickReport:
+        """Heartbeat, evict, rebalance, and plan the next ranges, in one CAS write; the committed runs of
+        ``recorded`` (run keys) are confirmed recorded in the orchestrator in the same write."""
         shard_ids = self.backend.shards()
         self._watermarks = {}
         before: dict[str, GroupState | None] = {}
@@ -178,6 +179,7 @@ class GroupMember:
         def transition(current: GroupState | None, now: float) -> tuple[GroupState, list[Launch]]:
             base = current if current is not None else protocol.new_group(self.backend.stream_id, self.group, now)
             before["state"] = current
+            base = protocol.confirm_recorded(base, self.member_id, recorded)
             state = protocol.membership_step(base, self.member_id, now, self.policy, shard_ids)
             marks = self._fetch_watermarks(state)
             return protocol.plan(state, self.member_id, now, marks, self.policy)

@@ -287,6 +287,8 @@ class Simulation:
             for run in vanished:
                 reports = [protocol.report_of(launch) for launch in run.launches]
                 state, _ = protocol.fail_run(state, reports, "run ended without reporting", now, self.cfg.policy)
+            # A simulated run's record is written the moment it commits: the member confirms at once.
+            state = protocol.confirm_recorded(state, member.member_id, list(state.unrecorded_runs))
             state = protocol.membership_step(state, member.member_id, now, self.cfg.policy)
             wanted = protocol.owned_idle_shards(state, member.member_id)
             marks = {sid: self.watermark(sid, self.now) for sid in wanted}

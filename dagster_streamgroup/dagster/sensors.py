@@ -32,6 +32,7 @@ from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 from dagster_streamgroup.streams.base import StreamError
 
 ENDED_UNREPORTED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+ENDED = (dg.DagsterRunStatus.SUCCESS, *ENDED_UNREPORTED)
 LAG_REPORT_INTERVAL_S = 30.0
 
 
@@ -149,12 +150,16 @@ def evaluate_member_tick(
     member_id = member_identity(sensor_name, deployment)
     member = resource.member(member_id)
     before = member.load()
+    cursor = _Cursor.parse(context.cursor)
     notes: list[str] = []
+    repairs: list[dg.AssetMaterialization] = []
+    confirmed: list[str] = []
     if instance is not None and before is not None:
         peer_ids = {name: member_identity(name, deployment) for name in peers if name != sensor_name}
         notes += _leave_stopped_peers(resource, instance, before, peer_ids, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
-    report = member.tick()
+        repairs, confirmed, cursor.repaired = _unrecorded_commits(instance, target, before, member_id, cursor.repaired)
+    report = member.tick(recorded=confirmed)
     in_flight = list(protocol.runs_of(report.inflight).values())
     if instance is not None:
         notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
@@ -170,11 +175,9 @@ def evaluate_member_tick(
         for launches in runs
     ]
     new_keys = _new_partition_keys(instance, target, report.state.shards)
-    cursor = _Cursor.parse(context.cursor)
     checked, cursor = _asset_events(target, resource, report, cursor)
     events: list[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckEvaluation] = [*checked]
     events += _group_event_observations(target, report, before)
-    repairs, cursor.repaired = _unrecorded_commits(instance, target, report.state, member_id, cursor.repaired)
     events += repairs
     notes += _mirror_repaired(resource, report.state, repairs)
     summary = _summary(report, notes, time.monotonic() - started)
@@ -352,7 +355,8 @@ class _Cursor:
     parked: tuple[str, ...] | None = None
     dead_letters: int = 0
     repaired: tuple[str, ...] = ()
-    """Run keys whose missing materializations this member recorded (only keys still last in some shard)."""
+    """Run keys whose missing materializations this member recorded in the tick that wrote this cursor: the
+    next tick confirms them in the group state."""
 
     @classmethod
     def parse(cls, text: str | None) -> _Cursor:
@@ -422,41 +426,41 @@ def _asset_events(
 
 
 def _unrecorded_commits(
-    instance: dg.DagsterInstance | None,
+    instance: dg.DagsterInstance,
     target: StreamTarget,
     state: GroupState,
     member_id: str,
     repaired: tuple[str, ...],
-) -> tuple[list[dg.AssetMaterialization], tuple[str, ...]]:
+) -> tuple[list[dg.AssetMaterialization], list[str], tuple[str, ...]]:
     """Materializations of ranges this member's runs committed and then died before Dagster recorded them
     (a run process killed between its commit and its events): the range is committed, so it is never run
-    again, and only its record is missing. Recorded once, from the group state, marked ``repaired``."""
-    last = {
-        sid: s
-        for sid, s in state.shards.items()
-        if s.last_run_key is not None
-        and s.last_commit_member == member_id
-        and s.last_commit_start is not None
-        and s.committed is not None
-    }
-    keys = {s.last_run_key for s in last.values() if s.last_run_key is not None}
-    still = tuple(k for k in repaired if k in keys)
-    pending = keys - set(still)
-    if instance is None or not pending:
-        return [], still
-    dagster_keys = {k for k in pending} | {
-        f"{k}:e{s.last_commit_epoch}" for s in last.values() if (k := s.last_run_key) in pending
-    }
+    again, and only its record is missing. Recorded once, from the group state, marked ``repaired``.
+
+    Returns the repairs, the run keys to confirm recorded in this tick's state write (every range recorded by
+    the run, or repaired by an earlier tick whose cursor Dagster kept), and the run keys repaired now: they are
+    confirmed only next tick, once the cursor saying so is stored with the repairs."""
+    mine = {key: u for key, u in state.unrecorded_runs.items() if u.member_id == member_id}
+    if not mine:
+        return [], [], ()
+    by_dagster_key: dict[str, str] = {}
+    for key, unrecorded in mine.items():
+        by_dagster_key[key] = key
+        by_dagster_key[f"{key}:e{unrecorded.epoch}"] = key  # single-range runs of state schema 2
     records = instance.get_run_records(
-        dg.RunsFilter(
-            tags={"dagster/run_key": sorted(dagster_keys), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED_UNREPORTED)
-        )
+        dg.RunsFilter(tags={"dagster/run_key": sorted(by_dagster_key), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED))
     )
     repairs: list[dg.AssetMaterialization] = []
-    done: list[str] = []
+    confirmed: list[str] = []
+    repaired_now: list[str] = []
     for record in records:
         run = record.dagster_run
-        dagster_key = run.tags.get("dagster/run_key", "")
+        found = by_dagster_key.get(run.tags.get("dagster/run_key", ""))
+        if found is None or found in confirmed or found in repaired_now:
+            continue
+        key = found
+        if key in repaired:
+            confirmed.append(key)
+            continue
         recorded = {
             entry.event_log_entry.dagster_event.partition
             for entry in instance.get_records_for_run(
@@ -464,23 +468,24 @@ def _unrecorded_commits(
             ).records
             if entry.event_log_entry.dagster_event is not None
         }
-        for sid, shard in last.items():
-            key = shard.last_run_key
-            assert key is not None and shard.last_commit_start is not None and shard.committed is not None
-            if dagster_key not in (key, f"{key}:e{shard.last_commit_epoch}") or sid in recorded:
-                continue
+        missing = [r for r in mine[key].ranges if r[0] not in recorded]
+        if not missing:
+            confirmed.append(key)
+            continue
+        repaired_now.append(key)
+        for shard, start, end in missing:
             repairs.append(
                 dg.AssetMaterialization(
                     asset_key=target.asset.key,
-                    partition=sid,
+                    partition=shard,
                     metadata={
                         "group": dg.MetadataValue.text(state.group),
-                        "shard": dg.MetadataValue.text(sid),
-                        "start": dg.MetadataValue.int(shard.last_commit_start),
-                        "end": dg.MetadataValue.int(shard.committed),
-                        "epoch": dg.MetadataValue.int(shard.last_commit_epoch or 0),
+                        "shard": dg.MetadataValue.text(shard),
+                        "start": dg.MetadataValue.int(start),
+                        "end": dg.MetadataValue.int(end),
+                        "epoch": dg.MetadataValue.int(mine[key].epoch),
                         "member": dg.MetadataValue.text(member_id),
-                        "committed": dg.MetadataValue.int(shard.committed),
+                        "committed": dg.MetadataValue.int(end),
                         "run_key": dg.MetadataValue.text(key),
                         "repaired": dg.MetadataValue.bool(True),
                         "run_id": dg.MetadataValue.text(run.run_id),
@@ -489,9 +494,7 @@ def _unrecorded_commits(
                     "this materialization",
                 )
             )
-            if key not in done:
-                done.append(key)
-    return repairs, still + tuple(done)
+    return repairs, confirmed, tuple(repaired_now)
 
 
 def _mirror_repaired(

@@ -16,6 +16,7 @@ from dagster_streamgroup.protocol.completion import (
     RunCommitOutcome,
     commit,
     commit_run,
+    confirm_recorded,
     fail,
     fail_run,
     report_of,
@@ -45,6 +46,7 @@ from dagster_streamgroup.protocol.state import (
     Member,
     Parked,
     ShardState,
+    UnrecordedRun,
 )
 from dagster_streamgroup.protocol.tick import member_tick, membership_step, new_group, owned_idle_shards
 
@@ -67,10 +69,12 @@ __all__ = [
     "RunCommitOutcome",
     "ShardState",
     "StateFormatError",
+    "UnrecordedRun",
     "Watermark",
     "batch_run_key",
     "commit",
     "commit_run",
+    "confirm_recorded",
     "decode_state",
     "encode_state",
     "evict_stale",

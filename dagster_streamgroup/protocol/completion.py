@@ -10,7 +10,7 @@ none (``commit_run``), each range checked on its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -25,6 +25,7 @@ from dagster_streamgroup.protocol.state import (
     GroupState,
     Parked,
     ShardState,
+    UnrecordedRun,
     evolve,
     handed_over,
 )
@@ -137,10 +138,14 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
         last_run_key=report.run_key,
         last_commit_member=report.member_id,
         last_commit_epoch=report.epoch,
-        last_commit_start=report.start,
     )
     done = _leave_if_departed(state, done)
-    new_state = state.model_copy(update={"shards": {**state.shards, report.shard: done}})
+    new_state = state.model_copy(
+        update={
+            "shards": {**state.shards, report.shard: done},
+            "unrecorded_runs": _with_unrecorded(state.unrecorded_runs, report),
+        }
+    )
     return new_state, CommitOutcome(
         accepted=True,
         owner=done.owner,
@@ -148,6 +153,27 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
         committed=done.committed,
         message=f"committed shard {report.shard} up to {report.end}",
     )
+
+
+def _with_unrecorded(unrecorded: dict[str, UnrecordedRun], report: RangeReport) -> dict[str, UnrecordedRun]:
+    """The run's entry with this range added: its member records it, or confirms Dagster did."""
+    entry = unrecorded.get(report.run_key)
+    ranges = ((report.shard, report.start, report.end),)
+    if entry is None:
+        entry = UnrecordedRun(member_id=report.member_id, epoch=report.epoch, ranges=ranges)
+    else:
+        entry = evolve(entry, ranges=entry.ranges + ranges)
+    return {**unrecorded, report.run_key: entry}
+
+
+def confirm_recorded(state: GroupState, member_id: str, run_keys: Collection[str]) -> GroupState:
+    """``member_id`` has seen the runs of ``run_keys`` recorded in Dagster (by the runs, or by itself): their
+    entries go. Only the launching member confirms, because only its deployment holds the runs' records."""
+    gone = [k for k in run_keys if (u := state.unrecorded_runs.get(k)) is not None and u.member_id == member_id]
+    if not gone:
+        return state
+    kept = {k: u for k, u in state.unrecorded_runs.items() if k not in gone}
+    return state.model_copy(update={"unrecorded_runs": kept})
 
 
 class RunCommitOutcome(BaseModel):

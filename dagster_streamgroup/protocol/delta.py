@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dagster_streamgroup.protocol.state import MAX_EVENTS, DeadLetter, GroupEvent, GroupState, Member, ShardState
+from dagster_streamgroup.protocol.state import (
+    MAX_EVENTS,
+    DeadLetter,
+    GroupEvent,
+    GroupState,
+    Member,
+    ShardState,
+    UnrecordedRun,
+)
 
 
 class StateDelta(BaseModel):
@@ -29,6 +37,8 @@ class StateDelta(BaseModel):
     the list keeps)."""
     dead_letters: tuple[DeadLetter, ...] | None = None
     """The whole list, when it changed (dead letters change rarely)."""
+    unrecorded_set: dict[str, UnrecordedRun] = Field(default_factory=dict)
+    unrecorded_removed: tuple[str, ...] = ()
     schema_version: int | None = None
 
     @property
@@ -40,6 +50,8 @@ class StateDelta(BaseModel):
             or self.events_added
             or self.events_replaced is not None
             or self.dead_letters is not None
+            or self.unrecorded_set
+            or self.unrecorded_removed
             or self.schema_version is not None
         )
 
@@ -64,6 +76,12 @@ def diff(old: GroupState, new: GroupState) -> StateDelta:
         events_added=events_added,
         events_replaced=events_replaced,
         dead_letters=None if new.dead_letters == old.dead_letters else new.dead_letters,
+        unrecorded_set={
+            k: u
+            for k, u in new.unrecorded_runs.items()
+            if (prior := old.unrecorded_runs.get(k)) is not u and prior != u
+        },
+        unrecorded_removed=tuple(sorted(k for k in old.unrecorded_runs if k not in new.unrecorded_runs)),
         schema_version=None if new.schema_version == old.schema_version else new.schema_version,
     )
 
@@ -106,6 +124,10 @@ def apply(state: GroupState, delta: StateDelta) -> GroupState:
         update["events"] = (*state.events, *delta.events_added)[-MAX_EVENTS:]
     if delta.dead_letters is not None:
         update["dead_letters"] = delta.dead_letters
+    if delta.unrecorded_set or delta.unrecorded_removed:
+        unrecorded = {k: u for k, u in state.unrecorded_runs.items() if k not in delta.unrecorded_removed}
+        unrecorded.update(delta.unrecorded_set)
+        update["unrecorded_runs"] = unrecorded
     if delta.schema_version is not None:
         update["schema_version"] = delta.schema_version
     return state.model_copy(update=update)

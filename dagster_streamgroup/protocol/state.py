@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 STATE_KIND = "dagster-streamgroup/group-state"
 SCHEMA_VERSION = 3
 """2: ``ShardState.retry_end`` and ``ahead_since``; a version-1 state reads as one with neither set.
-3: ``ShardState.last_commit_member``/``last_commit_epoch`` and ``GroupState.dead_letters``; a version-2 state
-reads as one with none of them (a replayed commit of a range accepted before the upgrade is refused, not
-applied twice)."""
+3: ``ShardState.last_commit_member``/``last_commit_epoch``, ``GroupState.dead_letters`` and
+``GroupState.unrecorded_runs``; a version-2 state reads as one with none of them (a replayed commit of a range
+accepted before the upgrade is refused, not applied twice)."""
 
 
 T = TypeVar("T")
@@ -112,11 +112,8 @@ class ShardState:
     """Run key of the last accepted commit, so a replayed commit is recognised instead of refused."""
     last_commit_member: str | None = None
     last_commit_epoch: int | None = None
-    last_commit_start: int | None = None
     """Member and epoch of the run that made the last accepted commit: only that run may be told
-    ``already_committed``. A zombie relaunched under the same run key (a drain that expired) must be refused.
-    With ``last_commit_start`` (the range is ``[last_commit_start, committed)``), a member can also record the
-    materialization of a range whose run committed and then died before Dagster recorded it."""
+    ``already_committed``. A zombie relaunched under the same run key (a drain that expired) must be refused."""
     retry_end: int | None = None
     """End of the failed range that starts at ``committed``: its retries read exactly the same offsets. The
     failed attempt may have had side effects over them, and a retry grown with the backlog would spread an
@@ -152,6 +149,21 @@ class GroupEvent:
 
 
 @dataclass(frozen=True)
+class UnrecordedRun:
+    """A run whose commit was accepted and whose materializations its member has not yet seen recorded.
+
+    A run can die between its commit and Dagster's record of it; the range is committed, so it is never run
+    again, and only its launching member's deployment can see whether the record exists. The entry stays
+    until that member has seen every range recorded or has recorded the missing ones itself, however many
+    commits the shards take meanwhile (the member may be stopped while others carry its shards on)."""
+
+    member_id: str
+    epoch: int
+    ranges: tuple[tuple[str, int, int], ...]
+    """``(shard, start, end)`` of every committed range of the run."""
+
+
+@dataclass(frozen=True)
 class DeadLetter:
     """A range given up without being processed: kept in the state until an operator resolves it, so it
     can neither go unnoticed nor drop out of view the way an event in the bounded event list does."""
@@ -180,6 +192,8 @@ class GroupState(BaseModel):
     """The most recent events, newest last, bounded by ``MAX_EVENTS``."""
     dead_letters: tuple[DeadLetter, ...] = ()
     """Every range given up and not yet resolved by an operator, oldest first."""
+    unrecorded_runs: dict[str, UnrecordedRun] = Field(default_factory=dict)
+    """Committed runs, by run key, whose records in Dagster their member has not confirmed yet."""
 
 
 MAX_EVENTS = 200

@@ -266,6 +266,13 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         assert committed.accepted  # ... and the run died before mirroring the offsets to Kafka
         shards = [f"{topic}:0", f"{topic}:1"]
         assert resource.backend().committed(group, shards) == dict.fromkeys(shards)
+        # Before the member looks, the shards take further commits (another run, whose record is not in yet):
+        # the died run is no longer the last commit on either shard.
+        produce_sample(kafka_bootstrap, topic, 2, 100)
+        following = resource.member(driver.member_id).tick().new_launches
+        assert {x.shard for x in following} == set(shards)
+        later, _ = resource.member(driver.member_id).commit_run_state_only([protocol.report_of(x) for x in following])
+        assert later.accepted
         create_run_for_test(
             instance,
             status=dg.DagsterRunStatus.FAILURE,
@@ -278,10 +285,14 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
             (f"{topic}:1", 0, 51),
         ]
         assert all(e.metadata["repaired"].value is True for e in repaired)
-        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 51), "lag tools see the commit"
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 102), "lag tools see the commit"
         assert not result.run_requests, "a committed range is not run again"
         again = driver.tick()
         assert not [e for e in again.asset_events if isinstance(e, dg.AssetMaterialization)], "recorded once"
+        state = resource.member(driver.member_id).load()
+        assert state is not None and set(state.unrecorded_runs) == {following[0].run_key}, (
+            "the repaired run is confirmed; the run whose record Dagster does not hold yet stays"
+        )
 
 
 def test_a_session_timeout_shorter_than_two_daemon_ticks_fails_the_tick(

@@ -35,26 +35,26 @@ def test_foreign_or_newer_states_are_refused(text: str, error: type[Exception], 
 
 
 def test_older_states_read_and_are_written_back_at_the_current_version() -> None:
-    """Version 2 added ``retry_end`` and ``ahead_since``; version 3 the last committer's member and epoch and the
-    dead letters, and dropped successor gating. An older state has none of the new fields (and may carry the
+    """Version 2 added ``retry_end`` and ``ahead_since``; version 3 the last committer's member and epoch, the
+    dead letters and the unrecorded runs, and dropped successor gating. An older state has none of the new fields (and may carry the
     dropped one); once written back at version 3, a member of an older version refuses it instead of dropping
     fields."""
     state = balanced_start(2, ("a",))
     for version, removed, added in [
         (
             1,
-            ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch", "last_commit_start"),
+            ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch"),
             {"pending_predecessors": []},
         ),
-        (2, ("last_commit_member", "last_commit_epoch", "last_commit_start"), {"pending_predecessors": []}),
+        (2, ("last_commit_member", "last_commit_epoch"), {"pending_predecessors": []}),
     ]:
         raw = json.loads(encode_state(state))
         raw["schema_version"] = version
-        del raw["dead_letters"]
+        del raw["dead_letters"], raw["unrecorded_runs"]
         for shard in raw["shards"].values():
             for name in removed:
                 del shard[name]
             shard.update(added)
         old = decode_state(json.dumps(raw), where="t")
         assert old.schema_version == protocol.state.SCHEMA_VERSION == 3
-        assert old.shards == state.shards and old.dead_letters == ()
+        assert old.shards == state.shards and old.dead_letters == () and old.unrecorded_runs == {}

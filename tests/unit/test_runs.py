@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupPolicy, GroupState, Refusal, Watermark
+from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupPolicy, GroupState, Refusal, Watermark, delta
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.state import evolve
 from dagster_streamgroup.simulation import Simulation, random_scenario
@@ -102,6 +102,42 @@ def test_a_run_commits_all_its_ranges_in_one_write_or_none() -> None:
     assert "owned by b" in refused.message
     with pytest.raises(ValueError, match="one range per shard"):
         protocol.commit_run(state, [reports[0], reports[0]])
+
+
+def test_a_committed_run_stays_unrecorded_until_its_own_member_confirms_whatever_commits_follow() -> None:
+    """A run can die between its commit and Dagster's record of it, while its member is stopped and another
+    member carries the shards on: the entry that lets the launching member record the range outlives later
+    commits on the same shards, and only that member can clear it."""
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_records_per_run=1000)
+    state = balanced_start(2, ("a",), policy)
+    state, launches = protocol.plan(
+        state, "a", 5.0, {"s0": Watermark(low=0, high=10), "s1": Watermark(low=0, high=20)}, policy
+    )
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted
+    key = launches[0].run_key
+    assert state.unrecorded_runs[key].member_id == "a"
+    assert state.unrecorded_runs[key].ranges == (("s0", 0, 10), ("s1", 0, 20))
+    replayed, _ = protocol.commit_run(state, [report(x) for x in launches])
+    assert replayed is state, "a replayed commit adds nothing"
+
+    state = protocol.leave(state, "a", 6.0)
+    state = protocol.membership_step(state, "b", 6.0, policy)
+    state = protocol.membership_step(state, "b", 6.0 + policy.grace_s, policy)
+    state, later = protocol.plan(
+        state, "b", 6.0 + policy.grace_s, {"s0": Watermark(low=0, high=15), "s1": Watermark(low=0, high=25)}, policy
+    )
+    assert {x.member_id for x in later} == {"b"} and later
+    state, outcome = protocol.commit_run(state, [report(x) for x in later])
+    assert outcome.accepted and state.shards["s0"].last_run_key == later[0].run_key
+    assert state.unrecorded_runs[key].ranges == (("s0", 0, 10), ("s1", 0, 20)), "a's entry outlives b's commits"
+
+    assert protocol.confirm_recorded(state, "b", [key]) is state, "only the launching member confirms"
+    confirmed = protocol.confirm_recorded(state, "a", [key, "no-such-run"])
+    assert set(confirmed.unrecorded_runs) == {later[0].run_key}
+    assert delta.apply(state, delta.diff(state, confirmed)) == confirmed
+    back = delta.apply(confirmed, delta.diff(confirmed, state))
+    assert back == state
 
 
 def test_a_failed_run_retries_each_range_alone_so_one_poison_range_parks_only_its_shard() -> None:
