@@ -3,19 +3,19 @@
 
 ``python -m bench.launch [--runs 20] [--launchers default fork] [--timeout 1200]``
 
-For each launcher: a fresh instance with the example's ``dagster.yaml`` (QueuedRunCoordinator, dequeue every
-second, run monitoring), its ``run_launcher`` set to the launcher measured, and the code location of
-``bench/launch_definitions.py`` (a trivial asset whose module and run import what the example's code location
-and a stream run import). One warm-up run (reported as ``first_*``: it starts the code server's caches, and
-the fork server), then ``--runs`` runs one after another, each submitted over GraphQL as the UI does. Per run,
-from the event log: created -> RUN_START (``launch_s``), split into queued (created -> STARTING: the
-coordinator's dequeue), launch (STARTING -> the worker's "Started process" event) and worker start (->
-RUN_START), and RUN_START ->
-RUN_SUCCESS (``start_to_success_s``); from ``/proc``: the CPU seconds spent by the code server and the run
-process (``run_cpu_s``: the code server's tree, and the fork server's tree, which hold the run processes
-once they are reaped; read before the run and after its process is reaped), and beside it the daemon's and
-the webserver's. Medians are printed per launcher; the last line is one JSON object with both and their
-ratios. Targets of the run-economy issue (printed, never asserted): launch_p50_s <= 1.0, run_cpu_s <= 0.5.
+For each launcher: a fresh instance with the example's ``dagster.yaml`` (its coordinator queues these runs, which
+are not member runs, as the QueuedRunCoordinator does: dequeue every second; run monitoring), its ``run_launcher``
+set to the launcher measured, and the code location of ``bench/launch_definitions.py`` (a trivial asset whose
+module and run import what the example's code location and a stream run import). One warm-up run (reported as
+``first_*``: it starts the code server's caches, and the fork server), then ``--runs`` runs one after another, each
+submitted over GraphQL as the UI does. Per run, from the event log: created -> RUN_START (``launch_s``), split into
+queued (created -> STARTING: the coordinator's dequeue), launch (STARTING -> the worker's "Started process" event)
+and worker start (-> RUN_START), and RUN_START -> RUN_SUCCESS (``start_to_success_s``); from ``/proc``: the CPU
+seconds spent by the code server and the run process (``run_cpu_s``: the code server's tree, and the fork server's
+tree, which hold the run processes once they are reaped; read before the run and after its process is reaped), and
+beside it the daemon's and the webserver's. Medians are printed per launcher; the last line is one JSON object with
+both and their ratios. Targets of the run-economy issue (printed, never asserted): launch_p50_s <= 1.0, run_cpu_s
+<= 0.5.
 """
 
 from __future__ import annotations

@@ -198,6 +198,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         drained = _drain(chaos, sampler, highs, deadline)
         drain_s = round(time.monotonic() - produced_at, 1) if drained else None
         runs = _ended_runs(deployment, min(240.0, max(10.0, deadline - time.monotonic())))
+        _confirmed(chaos, min(120.0, max(20.0, deadline - time.monotonic())))
         causes, unexplained = failure_causes(deployment, runs)
         sampler.stop()
         materialized = deployment.materializations()
@@ -295,6 +296,25 @@ def _drain(chaos: Chaos, sampler: Sampler, highs: dict[str, int], deadline: floa
     }
     chaos.errors.append(f"not drained in time: (state, kafka, high) {behind}")
     return False
+
+
+def _confirmed(chaos: Chaos, timeout_s: float) -> None:
+    """Wait until every committed run's record is confirmed by its member (``unrecorded_runs`` empty): a run
+    killed after its commit gets its materializations from its member's next tick after the run is seen
+    ended, which can come after the drain."""
+
+    def confirmed() -> bool | None:
+        state = None
+        with contextlib.suppress(Exception):
+            state = chaos.state()
+        return True if state is not None and not state.unrecorded_runs else None
+
+    try:
+        wait_for("every committed run to be confirmed recorded", confirmed, timeout_s, 2.0)
+    except TimeoutError:
+        state = chaos.state()
+        left = sorted(state.unrecorded_runs) if state is not None else []
+        chaos.errors.append(f"committed runs never confirmed recorded by their members: {left[:5]}")
 
 
 def _ended_runs(deployment: ChaosDeployment, timeout_s: float) -> list[dict[str, Any]]:

@@ -43,9 +43,12 @@ def instance_yaml(
     launcher_config: Mapping[str, Any] | None = None,
     queued: bool = False,
     monitoring_poll_s: float | None = None,
+    coordinator: Mapping[str, Any] | None = None,
 ) -> str:
     settings: dict[str, Any] = {"telemetry": {"enabled": False}}
-    if queued:
+    if coordinator is not None:
+        settings["run_coordinator"] = dict(coordinator)
+    elif queued:
         settings["run_coordinator"] = {
             "module": "dagster._core.run_coordinator",
             "class": "QueuedRunCoordinator",
