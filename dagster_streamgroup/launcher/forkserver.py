@@ -1,12 +1,13 @@
 """The fork server: one process per code location that imports once what every run imports, then forks.
 
-Started by ``ForkServerRunLauncher`` as ``python -m dagster_streamgroup.launcher.forkserver --fd N`` with the
-code location's interpreter, it loads the definitions exactly as a run worker does
+Started by ``ForkServerRunLauncher`` as ``python -m dagster_streamgroup.launcher.forkserver --fd N`` with the code
+location's interpreter, it loads the definitions exactly as a run worker does
 (``ReconstructableRepository.get_definition`` on the run's code pointer, whose module and
-``Definitions.get_repository_def`` stay cached in every child), imports the heavy libraries the runs use,
-and then forks one child per run. It creates no thread, gRPC channel, Spark session, Kafka client or database
-connection, and checks before each fork that it is single-threaded (native threads included); it refuses to
-fork otherwise. It exits when the launcher's end of the socket pair closes.
+``Definitions.get_repository_def`` stay cached in every child), imports the heavy libraries the runs use, parses
+Dagster's schema migration scripts (``migrations``), and then forks one child per run. It creates no thread, gRPC
+channel, Spark session, Kafka client or database connection, and checks before each fork that it is single-threaded
+(native threads included); it refuses to fork otherwise. It exits when the launcher's end of the socket pair
+closes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_streamgroup.launcher import child, fingerprint, process
+from dagster_streamgroup.launcher import child, fingerprint, migrations, process
 from dagster_streamgroup.launcher.protocol import (
     Channel,
     ChannelClosedError,
@@ -243,6 +244,7 @@ def _load(request: Preload) -> tuple[list[str], list[str]]:
             missing.append(name)
     repository: Any = recon_repository_from_origin(origin).get_definition()
     repository.get_all_jobs()
+    migrations.parse_once()
     return missing, extra_files
 
 

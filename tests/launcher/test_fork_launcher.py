@@ -77,6 +77,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     assert worker.via == "fork" and worker.pid == facts["pid"] and worker.server_pid == facts["ppid"]
     assert worker.host == process.hostname() and worker.boot_id == process.boot_id()
     assert _captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
+    assert facts["schema_check_scripts"] == "ParsedScripts", "the migration scripts parsed once, in the server"
 
     default = Deployment(tmp_path / "default-home", location, instance_yaml(launcher=None))
     try:
@@ -86,6 +87,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
             wait_until("the worker's exit event", lambda p=place, r=run_id: _exited(p, r), 60)
         assert event_shape(deployment, forked) == event_shape(default, spawned)
         spawned_pid = default.materialization(spawned)["pid"]
+        assert default.materialization(spawned)["schema_check_scripts"] == "ScriptDirectory"
         assert _captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
         assert default.run(spawned).tags.keys() - {".dagster/grpc_info"} == run.tags.keys() - {"streamgroup/run_worker"}
     finally:

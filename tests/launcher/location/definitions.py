@@ -14,6 +14,7 @@ from pathlib import Path
 import behaviour
 import dagster as dg
 import numpy
+from dagster._core.storage import sql
 
 WAIT_LIMIT_S = 600.0
 
@@ -35,6 +36,7 @@ def _facts() -> dict[str, dg.MetadataValue]:
         "numpy_random": dg.MetadataValue.float(float(numpy.random.random())),
         "sockets": dg.MetadataValue.text(json.dumps(sorted(fds))),
         "modules": dg.MetadataValue.int(len(sys.modules)),
+        "schema_check_scripts": dg.MetadataValue.text(sql.ScriptDirectory.__name__),
     }
 
 
