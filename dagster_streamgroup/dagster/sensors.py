@@ -24,6 +24,7 @@ import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
 from dagster_streamgroup import protocol
+from dagster_streamgroup.dagster import migrations
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
 from dagster_streamgroup.dagster.resources import StreamGroupConfigError, StreamGroupResource
@@ -84,6 +85,7 @@ def member_sensors(
         )
     target = stream_target(asset)
     names = member_sensor_names(target.group, members)
+    migrations.install()  # every tick that opens the instance checks its schema: parse the scripts once
     return [_member_sensor(target, name, names, heartbeat_interval_s, default_status) for name in names]
 
 
@@ -174,7 +176,7 @@ def evaluate_member_tick(
         )
         for launches in runs
     ]
-    new_keys = _new_partition_keys(instance, target, report.state.shards)
+    new_keys, cursor.partitions = _new_partition_keys(instance, target, report.state.shards, cursor.partitions)
     checked, cursor = _asset_events(target, resource, report, cursor)
     events: list[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckEvaluation] = [*checked]
     events += _group_event_observations(target, report, before)
@@ -221,16 +223,23 @@ def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance
         return None
 
 
-def _new_partition_keys(instance: dg.DagsterInstance | None, target: StreamTarget, shards: Iterable[str]) -> list[str]:
+def _new_partition_keys(
+    instance: dg.DagsterInstance | None, target: StreamTarget, shards: Iterable[str], seen: str
+) -> tuple[list[str], str]:
     """Shards without their partition yet: one partition per shard, added once, so the keys stay as few as
-    the stream's shards however long it runs."""
+    the stream's shards however long it runs. ``seen`` is the digest of the shard set whose partitions the
+    last tick made sure of: the same set again needs no query (a run adds its shard's partition itself if it
+    went missing since)."""
     name = target.partitions_def.name
     assert name is not None
     keys = list(shards)
+    digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
     if instance is None:
-        return keys
+        return keys, ""
+    if digest == seen:
+        return [], digest
     known = set(instance.get_dynamic_partitions(name))
-    return [key for key in keys if key not in known]
+    return [key for key in keys if key not in known], digest
 
 
 def _repository_of(context: dg.SensorEvaluationContext) -> tuple[str | None, str | None]:
@@ -357,6 +366,8 @@ class _Cursor:
     repaired: tuple[str, ...] = ()
     """Run keys whose missing materializations this member recorded in the tick that wrote this cursor: the
     next tick confirms them in the group state."""
+    partitions: str = ""
+    """Digest of the shard set whose partitions exist (or were requested with this cursor)."""
 
     @classmethod
     def parse(cls, text: str | None) -> _Cursor:
@@ -370,6 +381,7 @@ class _Cursor:
                 parked=tuple(parked) if parked is not None else None,
                 dead_letters=int(raw.get("dead_letters", 0)),
                 repaired=tuple(str(k) for k in raw.get("repaired", ())),
+                partitions=str(raw.get("partitions", "")),
             )
         except (ValueError, TypeError, AttributeError):
             return cls()
@@ -381,6 +393,7 @@ class _Cursor:
                 "parked": list(self.parked) if self.parked is not None else None,
                 "dead_letters": self.dead_letters,
                 "repaired": list(self.repaired),
+                "partitions": self.partitions,
             }
         )
 

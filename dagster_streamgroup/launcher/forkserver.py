@@ -26,7 +26,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_streamgroup.launcher import child, fingerprint, migrations, process
+from dagster_streamgroup.dagster import migrations
+from dagster_streamgroup.launcher import child, fingerprint, process
 from dagster_streamgroup.launcher.protocol import (
     Channel,
     ChannelClosedError,

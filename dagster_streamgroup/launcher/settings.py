@@ -14,9 +14,17 @@ DEFAULT_PRELOAD_MODULES = (
     "pyspark.sql.connect.session",
     "pyspark.sql.connect.functions",
     "pyspark.sql.datasource",
+    "dagster_streamgroup.spark.kafka_source",
+    "dagster_streamgroup.spark.v3io_source",
+    "dagster_streamgroup.stores.sql_log",
+    "dagster_streamgroup.stores.v3io_log",
+    "dagster._core.storage.local_compute_log_manager",
+    "upath.implementations.local",
 )
 """What a stream run imports besides dagster and the definitions: the Spark Connect client (which brings
-grpc), pandas/pyarrow (Arrow batches) and confluent-kafka. Modules that are not installed are skipped."""
+grpc), pandas/pyarrow (Arrow batches), confluent-kafka, this package's Spark sources and state stores (imported
+when a run first reads or commits), and what Dagster's compute log capture imports per step. Modules that are
+not installed are skipped."""
 
 
 class LauncherSettingsError(ValueError):
