@@ -108,7 +108,7 @@ def print_timeline(runs: list[dict[str, Any]], produced_at: float, done: dict[st
         ms = done.get(run["runId"], [])
         records = sum(int(m.get("records") or 0) for m in ms)
         read = (
-            f"{len(ms)} materializations, {records} records, read {ms[0].get('read_s')} s, "
+            f"{len(ms)} materializations, {records} records, session {ms[0].get('session_s')} s, "
             f"process {ms[0].get('process_s')} s"
             if ms
             else "no materialization"

@@ -156,7 +156,7 @@ def _refuse_copies(context: dg.AssetExecutionContext, reports: Sequence[RangeRep
         # a failed range itself, as a new attempt from its sensor, and only that run may commit: a copy would
         # process the ranges again and then have its commit refused.
         raise dg.Failure(
-            description=f"run {context.run_id} re-executes member run {parent_run_id} ({_describe(reports)}). The "
+            description=f"run {context.run.run_id} re-executes member run {parent_run_id} ({_describe(reports)}). The "
             "group retries failed ranges itself, as new attempts launched by its member sensors, and only those "
             "runs commit. To re-process ranges without moving offsets, backfill them (`streamgroup backfill`, a "
             f"UI backfill of the shard partitions with tags {sgt.TAG_START}/{sgt.TAG_END}, or the Launchpad)."
@@ -204,16 +204,15 @@ def _process_and_commit(
     reports: list[RangeReport] | None,
     member: GroupMember | None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
-    df: Any = None
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
-        df = resource.read_ranges(spark, {r.shard: (r.start, r.end) for r in ranges}).persist()
-        records = resource.records_by_shard(df)
-        read_s = time.monotonic() - t0
+        session_s = time.monotonic() - t0
         t1 = time.monotonic()
-        extra = dict(fn(context, df) or {})
+        observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges})
+        extra = dict(fn(context, observed.df) or {})
         process_s = time.monotonic() - t1
+        records = observed.counts()
         # Checked now, not after the commit: a commit must never be left without its materialization.
         user_metadata = _checked_metadata(asset_key, extra)
     except Exception as exc:
@@ -223,12 +222,6 @@ def _process_and_commit(
             summary = ", ".join(f"{shard} {outcome.value}" for shard, outcome in outcomes.items())
             context.log.error(f"{_describe(reports)} failed ({summary}): {reason}")
         raise
-    finally:
-        # Failed runs too: a shared Spark Connect server would otherwise keep their cached ranges. A session
-        # too broken to unpersist has lost its cache anyway, and the run's own error is the one to report.
-        if df is not None:
-            with contextlib.suppress(Exception):
-                df.unpersist()
 
     state: GroupState | None = None
     mirrored = True
@@ -265,7 +258,7 @@ def _process_and_commit(
             "records": dg.MetadataValue.int(records.get(spec.shard, 0)),
             "run_ranges": dg.MetadataValue.int(len(ranges)),
             "run_records": dg.MetadataValue.int(total),
-            "read_s": dg.MetadataValue.float(round(read_s, 3)),
+            "session_s": dg.MetadataValue.float(round(session_s, 3)),
             "process_s": dg.MetadataValue.float(round(process_s, 3)),
         }
         if member is not None:

@@ -29,7 +29,9 @@ from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamConfig, check_group
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from dagster_streamgroup.spark.record_counts import ObservedRecords
 
 T = TypeVar("T")
 C = TypeVar("C", bound=BaseModel)
@@ -244,6 +246,17 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         """Records per shard of a DataFrame this resource read (one Spark job)."""
         raise NotImplementedError
 
+    def shard_condition(self, shard: str) -> Column:
+        """True on the rows of ``shard`` in a DataFrame this resource read."""
+        raise NotImplementedError
+
+    def observed_records(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> ObservedRecords:
+        """The ranges read as one DataFrame whose first action also counts the records of each shard."""
+        from dagster_streamgroup.spark.record_counts import ObservedRecords
+
+        conditions = {shard: self.shard_condition(shard) for shard in ranges}
+        return ObservedRecords(self.read_ranges(spark, ranges), conditions, self.records_by_shard)
+
 
 _KAFKA_FIELDS = tuple(KafkaStreamConfig.model_fields)
 _SECRET_FIELDS = frozenset({"sasl_password", "oauthbearer_client_secret", "ssl_key_password"})
@@ -300,6 +313,14 @@ class KafkaStreamGroup(StreamGroupResource):
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:
         rows = df.groupBy("topic", "partition").count().collect()
         return {f"{row['topic']}:{row['partition']}": int(row["count"]) for row in rows}
+
+    def shard_condition(self, shard: str) -> Column:
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        from dagster_streamgroup.streams.kafka import parse_shard
+
+        topic, partition = parse_shard(shard)
+        return (F.col("topic") == F.lit(topic)) & (F.col("partition") == F.lit(partition))
 
 
 _V3IO_FIELDS = tuple(V3ioStreamConfig.model_fields)
@@ -387,3 +408,8 @@ class V3ioStreamGroup(StreamGroupResource):
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:
         rows = df.groupBy("shard").count().collect()
         return {str(row["shard"]): int(row["count"]) for row in rows}
+
+    def shard_condition(self, shard: str) -> Column:
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        return F.col("shard").cast("string") == F.lit(shard)

@@ -108,7 +108,7 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
                 0,
             )
             assert (m["member"], m["epoch"], m["run_ranges"], m["run_records"]) == (driver.member_id, 1, 2, 602)
-            assert m["rows_seen"] == 602 and m["read_s"] >= 0 and m["process_s"] >= 0
+            assert m["rows_seen"] == 602 and m["session_s"] >= 0 and m["process_s"] >= 0
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
         assert checks == {LAG_CHECK: True, PARKED_CHECK: True}
         assert set(instance.get_dynamic_partitions(sgt.partitions_def_name(group))) == set(shards)
