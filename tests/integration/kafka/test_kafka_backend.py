@@ -268,3 +268,21 @@ def test_retention_loss_raises_offset_out_of_range_on_a_trimming_broker() -> Non
     assert caught.value.low == low
     assert f"[0, {low})" in str(caught.value)
     assert sum(b.num_rows for b in read_ranges(config, [PartitionRange("trimmed", 0, low, high)])) == high - low
+
+
+def test_an_admin_client_whose_request_failed_is_replaced(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    """A long-lived client can stay stuck on a restarted broker's connection; a failed request drops it, so
+    the next call talks through a new one. (No broker at the first address: its requests fail for real.)"""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"  # nothing listens once the probe closes
+    topic = kafka_topics(partitions=1)
+    backend = KafkaBackend(KafkaStreamConfig(bootstrap_servers=closed, topics=[topic]), request_timeout_s=1.0)
+    with pytest.raises(StreamError, match="listing the stream's partitions"):
+        backend.shards()
+    assert backend._admin is None, "the failed client is not kept"
+    backend.config = KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic])  # the broker is back
+    assert backend.shards() == [f"{topic}:0"]
+    assert backend._admin is not None
