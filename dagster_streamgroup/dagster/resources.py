@@ -99,6 +99,15 @@ _env_var_fields: ContextVar[frozenset[str]] = ContextVar("_env_var_fields", defa
 """Fields of the resource being validated that were given as ``dagster.EnvVar`` (validation is synchronous)."""
 
 
+DAEMON_LOOP_S = 5.0
+"""Dagster's sensor daemon evaluates sensors at most once per loop of this many seconds
+(``MIN_INTERVAL_LOOP_TIME`` in dagster/_daemon/sensor.py), whatever their ``minimum_interval_seconds``."""
+
+TICK_WAIT_MARGIN_S = 1.5
+"""What a tick that waited for a run still needs before the daemon's next pass: its second plan and the
+daemon's launch of the runs it requests."""
+
+
 class StreamGroupConfigError(ValueError):
     """A group resource's configuration is invalid; the message names the field."""
 
@@ -132,6 +141,13 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     min_backlog: int = Field(default=20_000, description="Launch at once when this many records wait ...")
     max_wait_s: float = Field(
         default=15.0, description="... or once a smaller backlog has waited this long (the latency of a quiet stream)."
+    )
+    tick_wait_s: float = Field(
+        default=3.0,
+        description="A tick with nothing to launch while this member's runs are in flight and at least min_backlog "
+        "records wait behind them waits up to this long for one of those runs to end, and launches the next "
+        "ranges in the same tick instead of the next one (Dagster ticks sensors every 5 s at the fastest). Only "
+        "where the daemon evaluates sensors in threads (sensors: use_threads in dagster.yaml); 0 turns it off.",
     )
     max_attempts: int = Field(default=3, description="Runs of one range before it is parked or dead-lettered.")
     after_max_attempts: str = Field(
@@ -181,6 +197,13 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         for name in ("spark_split_records", "lag_alert_records"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
+        longest_wait = max(self.heartbeat_interval_s, DAEMON_LOOP_S) - TICK_WAIT_MARGIN_S
+        if not 0 <= self.tick_wait_s <= longest_wait:
+            raise ValueError(
+                f"tick_wait_s: must be between 0 and {longest_wait:g} s (a tick must end {TICK_WAIT_MARGIN_S:g} s "
+                f"before the daemon's next pass, every {max(self.heartbeat_interval_s, DAEMON_LOOP_S):g} s, or the "
+                f"pass skips the member), got {self.tick_wait_s:g}"
+            )
         self.policy()
         if self.store_url is not None and not self._from_env_var("store_url"):
             self._check_store_url(self.store_url)

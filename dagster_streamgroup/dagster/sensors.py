@@ -4,7 +4,10 @@ One tick: settle the runs that ended without reporting (crashed or cancelled run
 operator stopped leave the group, run the member tick (heartbeat, evict, rebalance, plan), and request each
 run in flight (one per member tick over all its ready shards, by default) whose Dagster run does not exist
 yet. Requests are deterministic, so a run recorded by a tick that died before Dagster launched it is requested
-again under the same run key. A tick does a few short broker and store calls and never touches Spark.
+again under the same run key. A tick does a few short broker and store calls and never touches Spark. With
+nothing to launch while its runs are in flight and a backlog behind them, a tick waits (``tick_wait_s``) for
+one of those runs to end and plans again, so a draining member launches its next run at once rather than at
+the daemon's next pass.
 
 The member id is the sensor name and the deployment (``<sensor>@<deployment>``): a restarted daemon resumes the
 same membership instead of waiting out a session timeout, and two deployments of the same code (each with its
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import migrations
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
-from dagster_streamgroup.dagster.resources import StreamGroupConfigError, StreamGroupResource
+from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupConfigError, StreamGroupResource
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 from dagster_streamgroup.streams.base import StreamError
@@ -114,11 +118,6 @@ def _member_sensor(
     return _sensor
 
 
-DAEMON_LOOP_S = 5.0
-"""Dagster's sensor daemon evaluates sensors at most once per loop of this many seconds
-(``MIN_INTERVAL_LOOP_TIME`` in dagster/_daemon/sensor.py), whatever their ``minimum_interval_seconds``."""
-
-
 def check_tick_interval(resource: StreamGroupResource, interval_s: float) -> None:
     """The session timeout counts heartbeats: a sensor that ticks slower than the resource's
     ``heartbeat_interval_s`` says would have its members evict each other (or, faster, hide a dead one). The
@@ -166,6 +165,13 @@ def evaluate_member_tick(
     if instance is not None:
         notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
     runs = _not_launched_yet(instance, in_flight, member_id)
+    if not runs and _may_wait_in_tick(instance, resource):
+        waited = _wait_for_a_run_to_end(resource, member, report, started)
+        if waited is not None:
+            notes.append(waited)
+            report = member.tick()
+            in_flight = list(protocol.runs_of(report.inflight).values())
+            runs = _not_launched_yet(instance, in_flight, member_id)
     op_name = target.asset.node_def.name
     requests = [
         dg.RunRequest(
@@ -191,6 +197,50 @@ def evaluate_member_tick(
         asset_events=events,
         cursor=cursor.dump(),
     )
+
+
+_TICK_WAIT_SLOTS = threading.BoundedSemaphore(max(1, min(32, (os.cpu_count() or 1) + 4) // 2))
+"""Ticks that may wait at once in one code server: a waiting tick holds one of the code server's gRPC threads
+(as many as Python's default thread pool has: cpu count + 4, at most 32), so at most half of them wait and the
+other calls (the webserver, the daemon, launches) keep theirs."""
+
+
+def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroupResource) -> bool:
+    """A tick may wait for a run only where the daemon evaluates sensors in threads: one after another, a
+    waiting member would hold back the ticks (and heartbeats) of every sensor behind it."""
+    if instance is None or resource.tick_wait_s <= 0:
+        return False
+    return bool((instance.get_settings("sensors") or {}).get("use_threads"))
+
+
+def _wait_for_a_run_to_end(
+    resource: StreamGroupResource, member: GroupMember, report: TickReport, started: float
+) -> str | None:
+    """With nothing to launch while its runs are in flight and a run's worth of records (``min_backlog``) wait
+    behind them, the member waits for one of those runs to end, within ``tick_wait_s`` of the tick's start, so
+    their shards' next ranges launch now instead of a daemon pass later. Returns what happened when it waited
+    and a run ended, else None (the tick goes on as it was)."""
+    mine = report.inflight
+    left = resource.tick_wait_s - (time.monotonic() - started)
+    if not mine or left <= 0:
+        return None
+    try:
+        marks = resource.backend().watermarks(sorted({x.shard for x in mine}))
+    except StreamError:
+        return None
+    highs = {shard: mark.high for shard, mark in marks.items()}
+    if protocol.waiting_behind_inflight(report.state, report.member_id, highs) < resource.min_backlog:
+        return None
+    if not _TICK_WAIT_SLOTS.acquire(blocking=False):
+        return None
+    try:
+        waiting_since = time.monotonic()
+        ended = member.wait_for_run_end({x.run_key for x in mine}, left)
+    finally:
+        _TICK_WAIT_SLOTS.release()
+    if not ended:
+        return None
+    return f"a run in flight ended {time.monotonic() - waiting_since:.2f} s into the tick's wait: planned again"
 
 
 DEPLOYMENT_ENV = "STREAMGROUP_DEPLOYMENT"

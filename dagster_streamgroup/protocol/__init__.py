@@ -33,8 +33,10 @@ from dagster_streamgroup.protocol.planning import (
     plan,
     run_key,
     runs_of,
+    runs_still_inflight,
     split_budget,
     sync_shards,
+    waiting_behind_inflight,
 )
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import (
@@ -96,8 +98,10 @@ __all__ = [
     "resolve_dead_letters",
     "run_key",
     "runs_of",
+    "runs_still_inflight",
     "split_budget",
     "sync_shards",
     "touch",
     "unpark",
+    "waiting_behind_inflight",
 ]

@@ -365,3 +365,21 @@ def inflight_launches(state: GroupState, member_id: str) -> list[Launch]:
         for shard_id, s in state.shards.items()
         if s.inflight is not None and s.owner == member_id and s.inflight.member_id == member_id
     ]
+
+
+def waiting_behind_inflight(state: GroupState, member_id: str, highs: Mapping[str, int]) -> int:
+    """Records already in the stream (``highs``: each shard's high watermark) past the ends of ``member_id``'s
+    ranges in flight: what it could launch the moment those runs commit (shards missing count none)."""
+    return sum(
+        max(0, highs[launch.shard] - launch.end)
+        for launch in inflight_launches(state, member_id)
+        if launch.shard in highs
+    )
+
+
+def runs_still_inflight(state: GroupState | None, member_id: str, run_keys: Iterable[str]) -> set[str]:
+    """The runs of ``run_keys`` that still hold a range in flight under ``member_id`` (none once it left)."""
+    if state is None:
+        return set()
+    wanted = set(run_keys)
+    return {launch.run_key for launch in inflight_launches(state, member_id) if launch.run_key in wanted}

@@ -90,6 +90,8 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
         ("lag_alert_records", -1),
         ("run_mode", "batch"),
         ("seek_timestamp_ms", -1),
+        ("tick_wait_s", -0.5),
+        ("tick_wait_s", 4.0),
     ],
     ids=[
         "heartbeat_interval_s",
@@ -106,6 +108,8 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
         "lag_alert_records",
         "run_mode",
         "seek_timestamp_ms",
+        "tick_wait_s-negative",
+        "tick_wait_s-past-the-daemon-pass",
     ],
 )
 def test_a_group_field_out_of_its_bounds_is_named(field: str, value: object) -> None:

@@ -300,3 +300,20 @@ def test_a_new_group_can_start_at_a_timestamp() -> None:
         GroupPolicy(seek="timestamp")
     with pytest.raises(ValueError, match="only used with seek='timestamp'"):
         GroupPolicy(seek_timestamp_ms=5)
+
+
+def test_what_waits_behind_a_members_runs_in_flight_and_which_of_them_still_hold_ranges() -> None:
+    """What a tick looks at before it waits for one of its runs to end: the records past the ranges in
+    flight (only its own, only shards it has watermarks for), and whether a run still holds any range."""
+    state, launches = protocol.plan(four_shards(), "a", 5.0, backlog(four_shards(), {"s0": 1500, "s1": 500}), MEMBER)
+    assert {x.shard: x.end for x in launches} == {"s0": 750, "s1": 250}
+    key = launches[0].run_key
+    later = {"s0": 2000, "s1": 200, "s2": 9000, "s3": 0}
+    assert protocol.waiting_behind_inflight(state, "a", later) == 1250, "s0: 2000 - 750; s1 ends past its high; s2 idle"
+    assert protocol.waiting_behind_inflight(state, "a", {"s1": 300}) == 50
+    assert protocol.waiting_behind_inflight(state, "b", later) == 0, "another member's runs are not its own"
+    assert protocol.runs_still_inflight(state, "a", [key, "other"]) == {key}
+    committed, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted
+    assert protocol.runs_still_inflight(committed, "a", [key]) == set()
+    assert protocol.runs_still_inflight(None, "a", [key]) == set(), "no state: nothing in flight"
