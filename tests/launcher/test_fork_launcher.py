@@ -78,6 +78,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     assert worker.host == process.hostname() and worker.boot_id == process.boot_id()
     assert _captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
     assert facts["schema_check_scripts"] == "ParsedScripts", "the migration scripts parsed once, in the server"
+    assert facts["event_log_engines"] == "dagster_streamgroup.dagster.sqlite_engines", "one engine per database"
 
     default = Deployment(tmp_path / "default-home", location, instance_yaml(launcher=None))
     try:
@@ -88,6 +89,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
         assert event_shape(deployment, forked) == event_shape(default, spawned)
         spawned_pid = default.materialization(spawned)["pid"]
         assert default.materialization(spawned)["schema_check_scripts"] == "ScriptDirectory"
+        assert default.materialization(spawned)["event_log_engines"] == "sqlalchemy.engine.create"
         assert _captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
         assert default.run(spawned).tags.keys() - {".dagster/grpc_info"} == run.tags.keys() - {"streamgroup/run_worker"}
     finally:

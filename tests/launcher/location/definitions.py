@@ -15,6 +15,7 @@ import behaviour
 import dagster as dg
 import numpy
 from dagster._core.storage import sql
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
 
 WAIT_LIMIT_S = 600.0
 
@@ -37,6 +38,7 @@ def _facts() -> dict[str, dg.MetadataValue]:
         "sockets": dg.MetadataValue.text(json.dumps(sorted(fds))),
         "modules": dg.MetadataValue.int(len(sys.modules)),
         "schema_check_scripts": dg.MetadataValue.text(sql.ScriptDirectory.__name__),
+        "event_log_engines": dg.MetadataValue.text(sqlite_event_log.create_engine.__module__),
     }
 
 
