@@ -28,7 +28,7 @@ import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.dagster import migrations, sqlite_engines
+from dagster_streamgroup.dagster import migrations, resource_schema, sqlite_engines
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupConfigError, StreamGroupResource
@@ -91,6 +91,7 @@ def member_sensors(
     names = member_sensor_names(target.group, members)
     migrations.install()  # every tick that opens the instance checks its schema: parse the scripts once
     sqlite_engines.install()  # and, on a SQLite instance, queries it: one engine per database file
+    resource_schema.install()  # and builds the group resource: its config schema inferred once
     return [_member_sensor(target, name, names, heartbeat_interval_s, default_status) for name in names]
 
 

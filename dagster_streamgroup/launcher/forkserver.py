@@ -5,9 +5,10 @@ location's interpreter, it loads the definitions exactly as a run worker does
 (``ReconstructableRepository.get_definition`` on the run's code pointer, whose module and
 ``Definitions.get_repository_def`` stay cached in every child), imports the heavy libraries the runs use, parses
 Dagster's schema migration scripts (``migrations``), makes Dagster's SQLite storages share engines
-(``sqlite_engines``), and then forks one child per run. It creates no thread, gRPC channel, Spark session, Kafka
-client or database connection, and checks before each fork that it is single-threaded (native threads included);
-it refuses to fork otherwise. It exits when the launcher's end of the socket pair closes.
+(``sqlite_engines``) and its resource construction reuse inferred schemas (``resource_schema``), and then forks
+one child per run. It creates no thread, gRPC channel, Spark session, Kafka client or database connection, and
+checks before each fork that it is single-threaded (native threads included); it refuses to fork otherwise. It
+exits when the launcher's end of the socket pair closes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_streamgroup.dagster import migrations, sqlite_engines
+from dagster_streamgroup.dagster import migrations, resource_schema, sqlite_engines
 from dagster_streamgroup.launcher import child, fingerprint, process
 from dagster_streamgroup.launcher.protocol import (
     Channel,
@@ -247,6 +248,7 @@ def _load(request: Preload) -> tuple[list[str], list[str]]:
     repository.get_all_jobs()
     migrations.parse_once()
     sqlite_engines.install()
+    resource_schema.install()
     return missing, extra_files
 
 
