@@ -5,7 +5,7 @@
 
 It starts what ``scripts/example.sh`` starts (the local broker, the clickstream producer, the local Spark
 Connect server, ``dagster dev`` with the example project on 127.0.0.1), all in a temporary directory, waits
-until ``--min-ranges`` range runs succeeded and materialized their lag (the points of the lag plot), then
+until ``--min-ranges`` ranges were committed and materialized with their lag (the points of the lag plot), then
 drives headless Chromium over the DevTools protocol: the pages render client-side and the plots only appear
 after clicks, which ``chromium --screenshot`` cannot wait for or make. Every page is checked for what it must
 show (and for Dagster's error and loading states) before it is captured, and the three files replace the old
@@ -373,13 +373,15 @@ def chromium(work: Path) -> Iterator[Page]:
 
 
 def capture_runs(page: Page, dev: DagsterDev, out: Path) -> None:
-    """The runs list filtered to successful runs: range partition, ``streamgroup/*`` tags, launching sensor."""
+    """The runs list filtered to successful runs: each a member's run over its shards' ranges, with its
+    ``streamgroup/*`` tags (member, ranges, records) and launching sensor."""
     page.goto(f"{dev.url}/runs?" + urllib.parse.urlencode({"q[]": "status:SUCCESS"}))
     page.wait_until(
         "the runs list",
         """(() => {
           const text = document.body.innerText;
-          return text.split('streamgroup/shard:').length > 3 && text.includes('Status is')
+          return text.split('streamgroup/member:').length > 3 && text.includes('streamgroup/ranges:')
+            && text.includes('Status is')
             && text.includes('clickstream_member');
         })()""",
     )
@@ -409,7 +411,7 @@ def capture_lag(page: Page, dev: DagsterDev, out: Path) -> None:
     """The asset's Overview tab, Metadata section, Plots, by partition: ``lag`` after each range's commit.
 
     The plots are React state behind two toggles, not a URL, so they are clicked. By partition, each point is
-    the latest materialization of one range partition (the latest 120 ranges, oldest first)."""
+    the latest materialization of one shard's partition: each shard's lag after its latest commit."""
     page.goto(f"{dev.url}/assets/{ASSET}?view=overview")
     page.wait_until("the Metadata section of the overview", has_buttons_js("Table", "Plots"))
     page.wait_until("the Plots toggle", click_button_js("Plots"))
