@@ -147,7 +147,8 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         description="A tick with nothing to launch while this member's runs are in flight and at least min_backlog "
         "records wait behind them waits up to this long for one of those runs to end, and launches the next "
         "ranges in the same tick instead of the next one (Dagster ticks sensors every 5 s at the fastest). Only "
-        "where the daemon evaluates sensors in threads (sensors: use_threads in dagster.yaml); 0 turns it off.",
+        "where the daemon evaluates sensors in threads (sensors: use_threads in dagster.yaml), with more "
+        "num_workers than member sensors; 0 turns it off.",
     )
     max_attempts: int = Field(default=3, description="Runs of one range before it is parked or dead-lettered.")
     after_max_attempts: str = Field(

@@ -167,7 +167,7 @@ def evaluate_member_tick(
     if instance is not None:
         notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
     runs = _not_launched_yet(instance, in_flight, member_id)
-    if not runs and _may_wait_in_tick(instance, resource):
+    if not runs and _may_wait_in_tick(instance, resource, max(1, len(peers))):
         waited = _wait_for_a_run_to_end(resource, member, report, started)
         if waited is not None:
             notes.append(waited)
@@ -207,12 +207,17 @@ _TICK_WAIT_SLOTS = threading.BoundedSemaphore(max(1, min(32, (os.cpu_count() or 
 other calls (the webserver, the daemon, launches) keep theirs."""
 
 
-def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroupResource) -> bool:
-    """A tick may wait for a run only where the daemon evaluates sensors in threads: one after another, a
-    waiting member would hold back the ticks (and heartbeats) of every sensor behind it."""
+def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroupResource, members: int) -> bool:
+    """A tick may wait for a run only where the daemon evaluates sensors in threads, with more threads than the
+    group has member sensors: one after another (or queued behind waiting members), a waiting member would hold
+    back the ticks, and heartbeats, of the sensors behind it."""
     if instance is None or resource.tick_wait_s <= 0:
         return False
-    return bool((instance.get_settings("sensors") or {}).get("use_threads"))
+    settings = instance.get_settings("sensors") or {}
+    if not settings.get("use_threads"):
+        return False
+    workers = settings.get("num_workers") or min(32, (os.cpu_count() or 1) + 4)  # the thread pool's default
+    return int(workers) > members
 
 
 def _wait_for_a_run_to_end(

@@ -99,12 +99,18 @@ def test_a_tick_with_a_backlog_behind_its_run_launches_the_next_ranges_once_the_
         )
 
 
+@pytest.mark.parametrize(
+    "sensors",
+    [None, {"use_threads": True, "num_workers": 1}],
+    ids=["one-after-another", "no-thread-besides-the-members"],
+)
 def test_a_tick_does_not_wait_where_the_daemon_evaluates_sensors_one_after_another(
-    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, sensors: dict[str, Any] | None
 ) -> None:
-    """Without ``use_threads`` a waiting member would hold back every sensor behind it."""
+    """Without ``use_threads``, or with no more threads than member sensors, a waiting member would hold back
+    the sensors behind it."""
     _, resource, sensor = setup(kafka_bootstrap, kafka_topics, tmp_path, 2000, max_records_per_run=300)
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides={"sensors": sensors} if sensors else None) as instance:
         driver = SensorDriver(sensor, instance, resource)
         first = started_run(instance, driver)
         with commit_later(resource, driver.member_id, first):
