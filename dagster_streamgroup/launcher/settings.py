@@ -19,6 +19,10 @@ DEFAULT_PRELOAD_MODULES = (
     "dagster_streamgroup.stores.sql_log",
     "dagster_streamgroup.stores.v3io_log",
     "dagster._core.storage.local_compute_log_manager",
+    "dagster_streamgroup.compute_logs",
+    "dagster._core.instance.factory",
+    "dagster._core.system_config.composite_descent",
+    "pyspark.sql.connect.datasource",
     "upath.implementations.local",
 )
 """What a stream run imports besides dagster and the definitions: the Spark Connect client (which brings

@@ -1,0 +1,61 @@
+"""Compute logs mirrored by a thread: the same captured files as Dagster's local manager, the step's output
+still mirrored to the process's own stdout and stderr, and no ``tail`` or watcher process per step. Each job
+runs in a Python process of its own, whose output this test reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster._core.errors import DagsterInvariantViolationError
+
+from dagster_streamgroup.compute_logs import ThreadMirroredComputeLogManager
+
+PROBE = Path(__file__).parent / "compute_log_probe" / "probe.py"
+OURS = "dagster_streamgroup.compute_logs.ThreadMirroredComputeLogManager"
+DAGSTERS = "dagster._core.storage.local_compute_log_manager.LocalComputeLogManager"
+
+
+def run_probe(manager: str, base_dir: Path) -> tuple[dict[str, Any], str, str]:
+    done = subprocess.run(
+        [sys.executable, str(PROBE), manager, str(base_dir)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("manager", [OURS, DAGSTERS], ids=["thread-mirrored", "dagster-local"])
+def test_a_steps_output_is_captured_as_the_ui_reads_it(manager: str, tmp_path: Path) -> None:
+    facts, _, _ = run_probe(manager, tmp_path / "logs")
+    assert facts["manager"] == manager.rpartition(".")[2]
+    assert facts["stdout"] == "to stdout from the step\n"
+    assert "to stderr from the step\n" in facts["stderr"]
+    assert facts["complete"]
+
+
+def test_the_thread_mirror_copies_every_line_and_starts_no_process_where_dagsters_starts_four(
+    tmp_path: Path,
+) -> None:
+    """Dagster's ``tail -F`` polls once a second and is stopped when the step ends, so a short step's lines
+    can miss the process's output (its ``DAGSTER_COMPUTE_LOG_TAIL_WAIT_AFTER_FINISH`` is the workaround); the
+    thread reads each file one last time after the step."""
+    ours, stdout, stderr = run_probe(OURS, tmp_path / "ours")
+    assert "to stdout from the step" in stdout and "to stderr from the step" in stderr, "mirrored to the process"
+    dagsters, _, _ = run_probe(DAGSTERS, tmp_path / "dagsters")
+    assert (ours["children"], dagsters["children"]) == (0, 4), "tail -F and its watcher for stdout and for stderr"
+
+
+def test_base_dir_defaults_to_dagsters_own_place_under_dagster_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    manager = ThreadMirroredComputeLogManager.from_config_value(None, {})
+    assert manager._base_dir == str(tmp_path / "storage")
+    assert ThreadMirroredComputeLogManager.from_config_value(None, {"base_dir": "/x"})._base_dir == "/x"
+    monkeypatch.delenv("DAGSTER_HOME")
+    with pytest.raises(DagsterInvariantViolationError, match="base_dir: required when DAGSTER_HOME is not set"):
+        ThreadMirroredComputeLogManager.from_config_value(None, {})
