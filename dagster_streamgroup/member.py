@@ -288,22 +288,16 @@ class GroupMember:
         outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep)
         return outcome
 
-    def wait_for_run_end(
-        self,
-        run_keys: Collection[str],
-        timeout_s: float,
-        poll_s: float = 0.2,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> bool:
+    def wait_for_run_end(self, run_keys: Collection[str], timeout_s: float, poll_s: float = 0.2) -> bool:
         """Polls the state until one of this member's runs ``run_keys`` holds no range in flight any more (it
         committed, failed, or was fenced out), for at most ``timeout_s``. True when one did."""
         if not run_keys:
             return False
-        deadline = clock() + timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             if protocol.runs_still_inflight(self.load(), self.member_id, run_keys) != set(run_keys):
                 return True
-            left = deadline - clock()
+            left = deadline - time.monotonic()
             if left <= 0:
                 return False
             self.sleep(min(poll_s, left))
