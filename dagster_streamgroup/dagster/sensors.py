@@ -201,7 +201,11 @@ def evaluate_member_tick(
     )
 
 
-_TICK_WAIT_SLOTS = threading.BoundedSemaphore(max(1, min(32, (os.cpu_count() or 1) + 4) // 2))
+DEFAULT_POOL_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+"""Threads of a ``ThreadPoolExecutor`` built without ``max_workers``: the code server's gRPC pool, and the sensor
+daemon's pool when ``sensors.num_workers`` is unset."""
+
+_TICK_WAIT_SLOTS = threading.BoundedSemaphore(max(1, DEFAULT_POOL_WORKERS // 2))
 """Ticks that may wait at once in one code server: a waiting tick holds one of the code server's gRPC threads
 (as many as Python's default thread pool has: cpu count + 4, at most 32), so at most half of them wait and the
 other calls (the webserver, the daemon, launches) keep theirs."""
@@ -216,7 +220,7 @@ def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroup
     settings = instance.get_settings("sensors") or {}
     if not settings.get("use_threads"):
         return False
-    workers = settings.get("num_workers") or min(32, (os.cpu_count() or 1) + 4)  # the thread pool's default
+    workers = settings.get("num_workers") or DEFAULT_POOL_WORKERS
     return int(workers) > members
 
 
