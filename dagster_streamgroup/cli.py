@@ -42,11 +42,37 @@ def local() -> None:
 @local.command("kafka")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=9092, show_default=True)
-def local_kafka(host: str, port: int) -> None:
-    """Run the local Kafka-compatible broker in the foreground until Ctrl-C."""
-    from dagster_streamgroup.local.kafka_broker import serve
+@click.option(
+    "--data",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data directory, kept across starts (default: a temporary one, deleted at exit).",
+)
+@click.option(
+    "--sasl-user",
+    "sasl_user",
+    default=None,
+    metavar="NAME",
+    help="Add a SASL_SSL listener (SCRAM-SHA-512, a throw-away CA) with this user; its password is read from "
+    "STREAMGROUP_KAFKA_SASL_PASSWORD.",
+)
+def local_kafka(host: str, port: int, data: Path | None, sasl_user: str | None) -> None:
+    """Run a local Apache Kafka broker (KRaft, one node, from the jars `scripts/setup.sh` fetched) in the
+    foreground until Ctrl-C."""
+    import os
 
-    serve(host=host, port=port)
+    from dagster_streamgroup.local.kafka_broker import BrokerStartError, serve
+
+    users: dict[str, str] = {}
+    if sasl_user is not None:
+        password = os.environ.get("STREAMGROUP_KAFKA_SASL_PASSWORD", "")
+        if not password:
+            raise click.UsageError("--sasl-user needs the password in STREAMGROUP_KAFKA_SASL_PASSWORD")
+        users[sasl_user] = password
+    try:
+        serve(host=host, port=port, data_dir=data, sasl_users=users)
+    except BrokerStartError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @local.command("v3io")

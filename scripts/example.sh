@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The example end to end on a fresh machine: set-up, the local Kafka-compatible broker, a producer of sample
-# clickstream events, and `dagster dev` on 127.0.0.1 with three member sensors running. Ctrl-C stops
-# everything this script started, by PID. The broker keeps its data in memory, so every start begins with a
-# fresh Dagster instance and group state (./dagster_home).
+# The example end to end on a fresh machine: set-up, a local Apache Kafka broker (KRaft, one node, from the
+# jars the set-up fetched), a producer of sample clickstream events, and `dagster dev` on 127.0.0.1 with three
+# member sensors running. Ctrl-C stops everything this script started, by PID. The broker keeps its data in
+# ./dagster_home/kafka-data, and like the Dagster instance and the group state it starts empty each time.
 #   PORT=3000 RATE=300 SPARK=connect STREAM=kafka bash scripts/example.sh
 # SPARK=connect (default) also starts the local Spark Connect server, which runs attach to instead of each
 # starting a JVM; SPARK=local gives every run its own local[2] session.
@@ -81,11 +81,12 @@ if [ "$DAGSTER_STORAGE" = postgres ]; then  # started first, stopped last; it wr
 fi
 
 if [ "$STREAM" = kafka ]; then
-  .venv/bin/streamgroup local kafka --port "$KAFKA_PORT" &
+  rm -rf "$DAGSTER_HOME/kafka-data"
+  .venv/bin/streamgroup local kafka --port "$KAFKA_PORT" --data "$DAGSTER_HOME/kafka-data" &
   pids+=($!)
   .venv/bin/python - <<PY
 from dagster_streamgroup.local.kafka_broker import wait_until_answering
-wait_until_answering("$CLICKSTREAM_BOOTSTRAP", timeout_s=30)
+wait_until_answering("$CLICKSTREAM_BOOTSTRAP", timeout_s=90)
 PY
   .venv/bin/python -m jobs.clickstream_events --bootstrap "$CLICKSTREAM_BOOTSTRAP" --rate "$RATE" &
   pids+=($!)

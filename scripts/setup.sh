@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine with Python 3.11: uv (in .tools/),
-# the locked virtualenv (.venv/), and, when run as root, Java 17 and PostgreSQL from Debian's packages if
-# they are missing. Safe to run again: each step is skipped when already done.
+# the locked virtualenv (.venv/), Apache Kafka's broker and tools (jars from Maven Central, pinned by
+# kafka/pom.xml and checked against kafka/jars.sha256, in .tools/), and, when run as root, Java 17, Maven
+# and PostgreSQL from Debian's packages if they are missing. Safe to run again: each step is skipped when
+# already done (a second run fetches nothing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -39,6 +41,28 @@ echo "setup: syncing .venv from uv.lock"
 if ! command -v java >/dev/null 2>&1; then
   echo "setup: installing Java 17 (Spark needs it)"
   apt_install java openjdk-17-jre-headless || true
+fi
+
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' kafka/pom.xml)
+KAFKA_LIBS=".tools/kafka-$KAFKA_VERSION/libs"
+kafka_jars_ok() {
+  [ -d "$KAFKA_LIBS" ] && (cd "$KAFKA_LIBS" && sha256sum --quiet --strict -c "$OLDPWD/kafka/jars.sha256" >/dev/null 2>&1) \
+    && [ "$(find "$KAFKA_LIBS" -name '*.jar' | wc -l)" = "$(wc -l < kafka/jars.sha256)" ]
+}
+if ! kafka_jars_ok; then
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "setup: installing Maven (it fetches Apache Kafka's jars)"
+    apt_install mvn maven
+  fi
+  echo "setup: fetching Apache Kafka $KAFKA_VERSION (broker and tools) from Maven Central into $KAFKA_LIBS"
+  rm -rf "$KAFKA_LIBS.partial"
+  mvn -q -B -f kafka/pom.xml -Dmaven.repo.local="$PWD/.tools/m2" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$PWD/$KAFKA_LIBS.partial"
+  rm -rf "$KAFKA_LIBS" && mv "$KAFKA_LIBS.partial" "$KAFKA_LIBS"
+  if ! kafka_jars_ok; then
+    echo "setup: Apache Kafka's jars in $KAFKA_LIBS do not match kafka/jars.sha256" >&2
+    exit 1
+  fi
 fi
 
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
 """The chaos deployment: every server it runs on, started once and restartable one by one.
 
-S3 endpoint (moto) -> broker (Tansu on ``s3://``) -> PostgreSQL (the group state) -> Spark Connect server ->
+Apache Kafka (one KRaft node on a data directory) -> PostgreSQL (the group state) -> Spark Connect server ->
 ``dagster dev`` (daemon, webserver, code server) with ``bench/chaos/definitions.py``, the project's instance
 settings (``dagster.yaml``: queued runs, at most one run per shard) and the project's ``ForkServerRunLauncher``
 (run monitoring fails a run whose worker was SIGKILLed within seconds; Dagster's default launcher cannot tell,
@@ -21,12 +21,13 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # a dependency of dagster, without types in the lock
 
-from bench.chaos.services import DurableBroker, RestartablePostgres, S3Endpoint, kill_group
+from bench.chaos.services import RestartablePostgres, kill_group
 from bench.chaos.settings import ASSET, STORE_URL_ENV
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
 from dagster_streamgroup.dagster.sensors import member_sensor_names
 from dagster_streamgroup.local import procfs
+from dagster_streamgroup.local.kafka_broker import LocalKafka
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.spark_connect import ConnectServer, ConnectServerSettings, free_port
 
@@ -71,8 +72,7 @@ class ChaosDeployment:
     group: GroupSettings
     topic: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}")
     group_name: str = field(default_factory=lambda: f"chaos_{uuid.uuid4().hex[:8]}")
-    s3: S3Endpoint = field(init=False)
-    broker: DurableBroker = field(init=False)
+    broker: LocalKafka = field(init=False)
     postgres: RestartablePostgres = field(init=False)
     connect: ConnectServer = field(init=False)
     dev: DagsterDev = field(init=False)
@@ -81,8 +81,7 @@ class ChaosDeployment:
     def __post_init__(self) -> None:
         self.records_dir = self.work / "function"
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        self.s3 = S3Endpoint(self.work / "moto.log")
-        self.broker = DurableBroker(self.s3, self.work / "broker.log")
+        self.broker = LocalKafka(self.work / "kafka", fast_housekeeping=False)
         self.postgres = RestartablePostgres()
         connect_scratch = self.work / "spark-connect"
         connect_scratch.mkdir(exist_ok=True)
@@ -95,7 +94,6 @@ class ChaosDeployment:
     # The servers, in dependency order.
 
     def start(self) -> None:
-        self.s3.start()
         self.broker.start()
         create_topics(self.broker.bootstrap, {self.topic: self.group.partitions})
         self.postgres.init()
@@ -152,7 +150,6 @@ class ChaosDeployment:
             self.connect.stop()
         self.postgres.remove()
         self.broker.stop()
-        self.s3.stop()
 
     # Faults on the servers.
 

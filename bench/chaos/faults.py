@@ -274,7 +274,7 @@ def broker_restart(chaos: Chaos) -> tuple[bool, str]:
     chaos.deployment.broker.kill()
     time.sleep(down)
     chaos.deployment.broker.start()
-    return True, f"broker SIGKILLed, down {down:.1f} s, restarted on its S3 storage"
+    return True, f"broker SIGKILLed, down {down:.1f} s, restarted on its data directory (log recovery)"
 
 
 def sensor_stop_start(chaos: Chaos) -> tuple[bool, str]:

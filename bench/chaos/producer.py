@@ -1,10 +1,8 @@
-"""The chaos run's records: keyed bulk chunks, a single-record trailer per partition, and poison records.
+"""The chaos run's records: keyed bulk chunks and poison records.
 
-The local broker's high watermark is the base offset + 1 of the batch object with the newest modification
-time; on ``s3://`` storage that time has one-second resolution, so batches written in the same second tie
-and the watermark can land anywhere among them. A trailer written more than a second after the chunk (one
-single-record batch per partition) makes every partition's watermark exact again. What counts as written is
-what the broker acknowledged (delivery reports), never the watermark.
+What counts as written is what the broker acknowledged (delivery reports), never the watermark. The producers
+are idempotent, as a careful producer is: a broker restarted mid-batch makes librdkafka resend, and without
+idempotence a resent batch would be written twice at new offsets.
 """
 
 from __future__ import annotations
@@ -18,16 +16,13 @@ from confluent_kafka import KafkaError, Message, Producer
 from bench.chaos.recorder import POISON_MARKER
 from dagster_streamgroup.local.kafka_data import BULK_PRODUCER, SINGLE_RECORD_BATCHES, produce_or_wait
 
-TIE_BREAK_S = 1.2
-"""Longer than the S3 endpoint's one-second modification-time resolution."""
-
 
 class ChaosProducer:
     def __init__(self, bootstrap: str, topic: str, partitions: int, seed: int) -> None:
         self.topic = topic
         self.partitions = partitions
         self.rng = random.Random(seed)
-        client = {"bootstrap.servers": bootstrap, "message.timeout.ms": 120_000}
+        client = {"bootstrap.servers": bootstrap, "message.timeout.ms": 120_000, "enable.idempotence": True}
         self.bulk = Producer({**BULK_PRODUCER, **client})
         self.single = Producer({**SINGLE_RECORD_BATCHES, **client})
         self.ends: dict[int, int] = {}
@@ -52,7 +47,7 @@ class ChaosProducer:
         return f"event {i:012d} ".encode().ljust(100, b".")
 
     def chunk(self, count: int, timeout_s: float = 300.0) -> None:
-        """``count`` keyed records, then the trailer; returns once the broker acknowledged all of them."""
+        """``count`` keyed records; returns once the broker acknowledged all of them."""
         for _ in range(count):
             i = self._next
             self._next += 1
@@ -61,11 +56,6 @@ class ChaosProducer:
             if i % 20_000 == 0:
                 self.bulk.poll(0)
         self._flush(self.bulk, timeout_s)
-        self.trailer(timeout_s)
-
-    def trailer(self, timeout_s: float = 300.0) -> None:
-        time.sleep(TIE_BREAK_S)
-        self._single(range(self.partitions), None, timeout_s)
 
     def poison(self, partitions: Iterable[int], per_partition: int, timeout_s: float = 120.0) -> None:
         """Poison records (their value carries the marker) into ``partitions``, each its own batch."""

@@ -6,10 +6,8 @@ SIGKILLing it, because the deployment's configuration (the store URL, the bootst
 
 - ``RestartablePostgres``: the group state's store. ``initdb`` once; each start runs crash recovery on the
   same data directory (``fsync`` on, as in production).
-- ``S3Endpoint`` + ``DurableBroker``: the local broker (Tansu) with its ``s3://`` storage engine on a local
-  moto S3 server (this Tansu build has no ``postgres://`` or ``sqlite://`` engine; both fail with
-  ``FeatureNotEnabled``). Topics, records and group offsets live in the S3 endpoint, a separate process, so a
-  SIGKILLed broker comes back with everything it had acknowledged.
+- The broker is ``local.kafka_broker.LocalKafka`` itself: Apache Kafka on a data directory and fixed ports,
+  so a SIGKILLed broker recovers its logs on restart and comes back with everything it had acknowledged.
 
 Every process is started in a session of its own, so a kill reaches its whole tree, and stopped by PID.
 """
@@ -22,21 +20,14 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psycopg
 
-from dagster_streamgroup.local.kafka_broker import broker_binary, free_port, wait_until_answering
+from dagster_streamgroup.local.kafka_broker import free_port
 from dagster_streamgroup.local.postgres import PostgresStartError, find_server_binaries
-
-S3_BUCKET = "tansu"
-S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos", "AWS_DEFAULT_REGION": "us-east-1"}
-"""moto accepts any credentials; these are not secrets."""
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -158,104 +149,3 @@ class RestartablePostgres:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-class S3Endpoint:
-    """A moto S3 server on 127.0.0.1 with the broker's bucket: the broker's durable storage."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        moto = Path(sys.executable).with_name("moto_server")
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self.proc.returncode}; see {self.log}")
-            try:
-                request = urllib.request.Request(f"{self.url}/{S3_BUCKET}", method="PUT")
-                with urllib.request.urlopen(request, timeout=5):
-                    return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc.pid, signal.SIGTERM)
-            _reap(self.proc, 10)
-            kill_group(self.proc.pid)
-            _reap(self.proc, 10)
-            self.proc = None
-
-
-class DurableBroker:
-    """The local broker on ``s3://`` storage, on a fixed port: SIGKILLed and started again, it keeps its
-    topics, records and group offsets."""
-
-    def __init__(self, s3: S3Endpoint, log: Path) -> None:
-        self.s3 = s3
-        self.log = log
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.paused = False
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        url = f"tcp://127.0.0.1:{self.port}"
-        env = {**os.environ, **S3_CREDENTIALS, "AWS_ENDPOINT": self.s3.url, "AWS_ALLOW_HTTP": "true"}
-        command = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [*command, "--storage-engine", f"s3://{S3_BUCKET}/"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        wait_until_answering(self.bootstrap, timeout_s, self.proc)
-
-    def kill(self) -> None:
-        if self.proc is None:
-            return
-        kill_group(self.proc.pid)
-        _reap(self.proc)
-        self.proc = None
-        self.paused = False
-
-    def pause(self) -> None:
-        """SIGSTOP: the broker accepts nothing until ``resume`` (a stalled broker, as under a long GC)."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            self.paused = True
-
-    def resume(self) -> None:
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-        self.paused = False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.resume()
-            kill_group(self.proc.pid, signal.SIGTERM)
-            _reap(self.proc, 10)
-            self.kill()

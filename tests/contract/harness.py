@@ -60,17 +60,11 @@ class KafkaHarness:
     offset_column = "offset"
     value_column = "value"
 
-    def __init__(self, bootstrap: str, topics: TopicFactory, group: str, on_local_broker: bool) -> None:
+    def __init__(self, bootstrap: str, topics: TopicFactory, group: str) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.group = group
         self.missing: dict[str, str] = {}
-        if on_local_broker:
-            self.missing = {
-                "trim": "the local broker (Tansu 0.6) does not implement DeleteRecords (its handler is todo!())",
-                "offset_for_time_future": "the local broker (Tansu 0.6) answers offset 0 instead of -1 for "
-                "ListOffsets with a timestamp newer than every record",
-            }
 
     def create_stream(self, shards: int) -> StreamBackend:
         topic = self.topics(shards, prefix="contract")

@@ -15,13 +15,13 @@ from dagster_streamgroup.streams.base import (
     Watermarks,
 )
 from tests.contract.harness import STREAM_HARNESSES, KafkaHarness, StreamHarness, V3ioHarness
-from tests.fixtures.kafka import TopicFactory, on_local_broker, unique_name
+from tests.fixtures.kafka import TopicFactory, unique_name
 from tests.fixtures.v3io import unique_v3io_name
 
 
 @pytest.fixture
 def kafka_stream_harness(kafka_bootstrap: str, kafka_topics: TopicFactory) -> StreamHarness:
-    return KafkaHarness(kafka_bootstrap, kafka_topics, unique_name("group"), on_local_broker())
+    return KafkaHarness(kafka_bootstrap, kafka_topics, unique_name("group"))
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The example project deployed with credentials, given as docs/kafka.md and docs/dagster.md say to give them.
 
 The Kafka group is the example's own asset and member sensors (``jobs/``, ``sensors/``, settings from
-``CLICKSTREAM_*``), its resource authenticating with SASL (the password in a mounted file under
+``CLICKSTREAM_*``), its resource authenticating with SASL_SSL and SCRAM-SHA-512 (the password in a mounted file under
 ``$CLICKSTREAM_SECRET_PATH``, Nuclio's ``secretPath`` convention) and keeping its group state in PostgreSQL
 (``store_url`` from ``dg.EnvVar``: the URL holds the password). The v3io group runs the example's aggregation
 over a v3io stream, its key from ``dg.EnvVar("V3IO_ACCESS_KEY")`` and its state next to the stream. No secret
@@ -10,6 +10,7 @@ is a literal here: the code location holds variable names and a file name only.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -34,6 +35,8 @@ SASL_PASSWORD_FILE = "sasl-password"
 """The password file's name inside the mounted secret directory."""
 SECRET_PATH_ENV = "CLICKSTREAM_SECRET_PATH"
 STORE_URL_ENV = "CLICKSTREAM_STORE_URL"
+SSL_CA_ENV = "CLICKSTREAM_SSL_CA"
+"""The CA that signed the broker's certificate: a path, not a secret."""
 V3IO_KEY_ENV = "V3IO_ACCESS_KEY"
 V3IO_GROUP = f"{settings.GROUP}_v3io"
 V3IO_ASSET = "page_views_per_minute_v3io"
@@ -82,9 +85,10 @@ defs = dg.Definitions(
             group=settings.GROUP,
             bootstrap_servers=settings.BOOTSTRAP,
             topics=[settings.TOPIC],
-            security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="PLAIN",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
             sasl_username=SASL_USERNAME,
+            ssl_ca_location=os.environ[SSL_CA_ENV],
             secret_path=dg.EnvVar(SECRET_PATH_ENV),
             sasl_password_file=SASL_PASSWORD_FILE,
             store_url=dg.EnvVar(STORE_URL_ENV),

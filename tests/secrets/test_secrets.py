@@ -5,10 +5,10 @@ tag, event, metadata entry, sensor tick, error and stored byte of the deployment
 searched for each value (as written, hex and base64). docs/reliability.md ("Secrets") has the result.
 
 Real parts throughout: a real ``dagster dev`` (daemon, webserver, code server) with the example's asset and
-member sensors, the local broker, the project's v3io server requiring its key, PostgreSQL, a Spark Connect
-server (the example's default). One
-stand-in: the SASL/PLAIN gate in front of the broker (``sasl_gate.py`` says why no local broker can check a
-SASL login).
+member sensors, the local Apache Kafka broker, the project's v3io server requiring its key, PostgreSQL, a Spark Connect
+server (the example's default). The
+broker is the local Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a CA made for the test); the password
+is rotated on it with Kafka's own ``AlterUserScramCredentials``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ from typing import Any
 import dagster as dg
 import psycopg
 import pytest
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # listed, not re-exported, by the package
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 from dagster._core.instance.ref import InstanceRef
 from psycopg import sql
 from pydantic import SecretStr
@@ -43,7 +49,7 @@ from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
 from dagster_streamgroup.dagster.resources import release_cached_clients
 from dagster_streamgroup.dagster.tags import TAG_GROUP
 from dagster_streamgroup.local.dagster_storage import provision_database
-from dagster_streamgroup.local.kafka_broker import broker_binary, free_port, stop, wait_until_answering
+from dagster_streamgroup.local.kafka_broker import LocalKafka
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.spark_connect import ConnectServerSettings, running_connect_server
 from dagster_streamgroup.local.v3io.testing import V3ioServerProcess
@@ -59,7 +65,6 @@ from tests.secrets.evidence import (
     state_evidence,
 )
 from tests.secrets.leaks import Evidence, describe, find_secrets, needles
-from tests.secrets.sasl_gate import SaslPlainGate
 
 WORKSPACE = Path(__file__).with_name("workspace.yaml")
 DEFINITIONS = Path(__file__).with_name("definitions.py")
@@ -73,57 +78,67 @@ def new_secret() -> str:
     return secrets.token_urlsafe(24)
 
 
-# The peers: the broker behind the SASL gate, a v3io server that requires its key, the state's database.
+# The peers: the broker behind its SASL_SSL listener, a v3io server that requires its key, the state's database.
 
 
 @dataclass
 class SaslBroker:
-    gate: SaslPlainGate
-    pid: int
-    log: Path
+    """The local Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a CA made for this start); the
+    deployment reaches it only there. Its PLAINTEXT listener stays the operator's door, used to rotate the
+    password as an administrator would."""
+
+    broker: LocalKafka
+
+    @property
+    def address(self) -> str:
+        assert self.broker.sasl_bootstrap is not None
+        return self.broker.sasl_bootstrap
+
+    @property
+    def ca_file(self) -> Path:
+        assert self.broker.ca_file is not None
+        return self.broker.ca_file
+
+    @property
+    def log(self) -> Path:
+        return self.broker.data_dir
 
     def client_config(self, password: str) -> KafkaStreamConfig:
         return KafkaStreamConfig(
-            bootstrap_servers=self.gate.address,
+            bootstrap_servers=self.address,
             topics=["unused"],
-            security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="PLAIN",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
             sasl_username=location.SASL_USERNAME,
             sasl_password=SecretStr(password),
+            ssl_ca_location=self.ca_file,
         )
+
+    def rotate(self, password: str) -> None:
+        """The user's SCRAM credential replaced: new logins with the old password are refused; connections
+        already authenticated stay open, as Kafka keeps them until they re-authenticate."""
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        change = UserScramCredentialUpsertion(
+            location.SASL_USERNAME, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
+        )
+        for future in admin.alter_user_scram_credentials([change]).values():
+            future.result(30)
+
+    @property
+    def refused(self) -> int:
+        """SASL logins the broker refused (its ``Failed authentication`` lines)."""
+        return self.broker.log_path.read_text(errors="replace").count("Failed authentication")
 
 
 @contextlib.contextmanager
 def sasl_broker(work: Path, password: str) -> Iterator[SaslBroker]:
-    """The local broker on a private port, advertising the gate's address: every client connection, the
-    first and the ones to the partition leader, passes the gate."""
-    broker_port = free_port()
-    gate = SaslPlainGate(("127.0.0.1", broker_port), location.SASL_USERNAME, password)
-    log = work / "broker.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                broker_binary(),
-                "broker",
-                "--listener-url",
-                f"tcp://127.0.0.1:{broker_port}",
-                "--advertised-listener-url",
-                f"tcp://{gate.address}",
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    broker = LocalKafka(work / "kafka", sasl_users={location.SASL_USERNAME: password})
     try:
-        wait_until_answering(f"127.0.0.1:{broker_port}", 20.0, proc)
-        gc.collect()  # its probe client, kept by a reference cycle, would retry the gate unauthenticated
-        yield SaslBroker(gate, proc.pid, log)
+        broker.start()
+        yield SaslBroker(broker)
     finally:
         gc.collect()  # clients kept by reference cycles would log refused connections once the broker is gone
-        gate.close()
-        stop(proc.pid)
+        broker.stop()
 
 
 @dataclass(frozen=True)
@@ -199,12 +214,13 @@ def kafka_resource(
     return KafkaStreamGroup(
         group=group,
         store_url=store_url,
-        bootstrap_servers=broker.gate.address,
+        bootstrap_servers=broker.address,
         topics=[topic],
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
         sasl_username=location.SASL_USERNAME,
         sasl_password=password,
+        ssl_ca_location=str(broker.ca_file),
     )
 
 
@@ -403,7 +419,8 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         env = {
             "CLICKSTREAM_STREAM": "kafka",
             "CLICKSTREAM_GROUP": group,
-            "CLICKSTREAM_BOOTSTRAP": broker.gate.address,
+            "CLICKSTREAM_BOOTSTRAP": broker.address,
+            location.SSL_CA_ENV: str(broker.ca_file),
             "CLICKSTREAM_TOPIC": topic,
             "CLICKSTREAM_V3IO_API": info.endpoint,
             "CLICKSTREAM_V3IO_CONTAINER": V3IO_CONTAINER,
@@ -438,11 +455,11 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         #    becomes a dead letter with the run's error. The mounted secret is updated, and the next range's run
         #    logs in with the new password and commits.
         before = {r["runId"] for r in runs}
-        broker.gate.rotate(values["sasl_password_rotated"])
+        broker.rotate(values["sasl_password_rotated"])
         produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=3)
         refused = new_failed_run(dev, group, before)
         write_secret_file(secret_dir, values["sasl_password_rotated"])
-        assert broker.gate.refused > 0, "no login was refused: the run did not fail on the rotated password"
+        assert broker.refused > 0, "no login was refused: the run did not fail on the rotated password"
         kafka = kafka_resource(broker, group, topic, values["sasl_password_rotated"])
         produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=4)
         wait_for("a run after the secret update", lambda: caught_up(kafka), 300.0, 2.0)

@@ -1,14 +1,27 @@
-"""The local broker launcher and the data producer, against the real binary."""
+"""The local Apache Kafka launcher (KRaft, one node, from the fetched jars) and the data producer."""
 
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from dagster_streamgroup.local.kafka_broker import BrokerStartError, free_port, running_broker, wait_until_answering
-from dagster_streamgroup.local.kafka_data import produce_sample
+from dagster_streamgroup.local.kafka_broker import (
+    LIBS_ENV,
+    BrokerInfo,
+    BrokerStartError,
+    KafkaNotInstalledError,
+    LocalKafka,
+    free_port,
+    kafka_libs,
+    running_broker,
+    wait_until_answering,
+)
+from dagster_streamgroup.local.kafka_data import create_topics, produce_sample
 from dagster_streamgroup.streams.kafka import KafkaBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from tests.fixtures.kafka import TopicFactory
@@ -23,8 +36,71 @@ def test_a_broker_starts_on_a_free_loopback_port_and_is_stopped_by_pid() -> None
         os.kill(broker.pid, 0)  # alive
         metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
         assert [b.host for b in metadata.brokers.values()] == ["127.0.0.1"]
+        assert broker.startup_s is not None and broker.startup_s > 0
+        assert broker.data_dir is not None and (broker.data_dir / "log" / "meta.properties").is_file()
+        java = Path(f"/proc/{broker.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"-Xmx512m" in java and b"kafka.Kafka" in java  # a bounded heap, the real broker's entry point
     with pytest.raises(ProcessLookupError):
         os.kill(broker.pid, 0)
+
+
+def test_a_broker_killed_and_started_again_keeps_what_it_acknowledged(tmp_path: Path) -> None:
+    broker = LocalKafka(tmp_path / "kafka")
+    try:
+        broker.start()
+        create_topics(broker.bootstrap, {"kept": 1})
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+        for i in range(100):
+            producer.produce("kept", f"r{i}".encode(), partition=0)
+        assert producer.flush(30) == 0
+        del producer
+        port, first_pid = broker.port, broker.pid
+        broker.kill()
+        broker.start()
+        assert broker.port == port and broker.pid != first_pid
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "check", "enable.auto.commit": False})
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition("kept", 0), timeout=30)
+            assert (low, high) == (0, 100)
+        finally:
+            consumer.close()
+    finally:
+        broker.stop()
+
+
+def test_missing_jars_fail_with_the_set_up_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("dagster_streamgroup.local.kafka_broker.PROJECT_ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(LIBS_ENV, raising=False)
+    with pytest.raises(KafkaNotInstalledError, match=r"scripts/setup\.sh"):
+        kafka_libs()
+
+
+def _sasl_client(broker: BrokerInfo, password: str, ca: Path | None) -> dict[str, str | int]:
+    config: dict[str, str | int] = {
+        "bootstrap.servers": str(broker.sasl_bootstrap),
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": "svc",
+        "sasl.password": password,
+        "socket.timeout.ms": 5000,
+    }
+    if ca is not None:
+        config["ssl.ca.location"] = str(ca)
+    return config
+
+
+def test_the_sasl_ssl_listener_takes_the_scram_user_and_refuses_a_wrong_password_or_an_untrusted_ca() -> None:
+    with running_broker(sasl_users={"svc": "right-password"}) as broker:
+        assert broker.sasl_bootstrap is not None and broker.ca_file is not None
+        ok = AdminClient(_sasl_client(broker, "right-password", broker.ca_file))
+        assert ok.list_topics(timeout=20).brokers
+        for password, ca in (("wrong-password", broker.ca_file), ("right-password", None)):
+            refused = AdminClient(_sasl_client(broker, password, ca))
+            started = time.monotonic()
+            with pytest.raises(KafkaException):
+                refused.list_topics(timeout=5)
+            assert time.monotonic() - started < 10
 
 
 def test_waiting_for_a_broker_that_is_not_listening_logs_no_connection_errors(
