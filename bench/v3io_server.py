@@ -4,9 +4,11 @@ Starts the server (a subprocess on a free 127.0.0.1 port over a temporary data d
 stream, puts ``--records`` records of ``--record-bytes`` bytes in PutRecords batches of ``--batch``,
 then reads every shard back from EARLIEST with GetRecords (limit ``--batch``) and checks that every
 record came back in sequence. ``--pipeline N`` keeps N requests in flight with ``client.batch``
-(the client's own pipelining over its 8 connections); 1 sends them one by one.
+(the client's own pipelining over its 8 connections); 1 sends them one by one. A small ``--batch``
+(e.g. ``--records 20000 --batch 10``) makes the per-request cost (HTTP parsing and writing) visible, in
+``server_cpu_us_per_putrecords`` and ``server_cpu_us_per_getrecords``.
 
-    python -m bench.v3io_server [--records 200000] [--shards 4] [--pipeline 1]
+    python -m bench.v3io_server [--records 200000] [--batch 1000] [--shards 4] [--pipeline 1]
 
 The last line printed is one JSON object with the figures.
 """
@@ -77,13 +79,14 @@ def _put(client: Any, args: argparse.Namespace) -> tuple[float, list[float]]:
     return time.perf_counter() - start, latencies
 
 
-def _get(client: Any, args: argparse.Namespace) -> tuple[float, list[float], int]:
+def _get(client: Any, args: argparse.Namespace) -> tuple[float, list[float], int, int]:
     locations = {
         shard: client.stream.seek(CONTAINER, STREAM, shard, "EARLIEST").output.location for shard in range(args.shards)
     }
     expected_next = dict.fromkeys(range(args.shards), 1)
     latencies: list[float] = []
     received = 0
+    requests = 0
     start = time.perf_counter()
     deadline = start + MAX_SECONDS
     while locations and time.perf_counter() < deadline:
@@ -96,6 +99,7 @@ def _get(client: Any, args: argparse.Namespace) -> tuple[float, list[float], int
                 client.batch.stream.get_records(CONTAINER, STREAM, shard, locations[shard], limit=args.batch)
             outputs = client.batch.wait()
         latencies.append((time.perf_counter() - began) * 1000 / len(shards))
+        requests += len(shards)
         for shard, response in zip(shards, outputs, strict=True):
             output = response.output
             for record in output.records:
@@ -107,7 +111,7 @@ def _get(client: Any, args: argparse.Namespace) -> tuple[float, list[float], int
                 del locations[shard]
             else:
                 locations[shard] = output.next_location
-    return time.perf_counter() - start, latencies, received
+    return time.perf_counter() - start, latencies, received, requests
 
 
 def main() -> None:
@@ -132,7 +136,7 @@ def main() -> None:
                 put_seconds, put_latencies = _put(client, args)
                 cpu1 = _cpu_seconds(info.pid)
                 written = (args.records // args.batch) * args.batch
-                get_seconds, get_latencies, received = _get(client, args)
+                get_seconds, get_latencies, received, get_requests = _get(client, args)
                 cpu2 = _cpu_seconds(info.pid)
             finally:
                 client.close()
@@ -155,9 +159,11 @@ def main() -> None:
         "p99_putrecords_ms": round(_percentile(put_latencies, 0.99), 2),
         "p50_getrecords_ms": round(statistics.median(get_latencies), 2),
         "p99_getrecords_ms": round(_percentile(get_latencies, 0.99), 2),
-        "getrecords_requests": len(get_latencies),
+        "getrecords_requests": get_requests,
         "server_cpu_ms_per_1000_put": round((cpu1 - cpu0) * 1000 / (written / 1000), 2),
         "server_cpu_ms_per_1000_get": round((cpu2 - cpu1) * 1000 / (received / 1000), 2),
+        "server_cpu_us_per_putrecords": round((cpu1 - cpu0) * 1e6 / (written // args.batch)),
+        "server_cpu_us_per_getrecords": round((cpu2 - cpu1) * 1e6 / get_requests),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     print(

@@ -23,9 +23,62 @@ SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 SECRET_PROPERTIES = frozenset(
-    {"sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret", "ssl.key.pem"}
+    {
+        # Every property of librdkafka's CONFIGURATION.md that can hold a secret (checked against the table of
+        # librdkafka 2.16.0, the one confluent-kafka 2.16 bundles):
+        "sasl.password",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",  # alias of sasl.oauthbearer.client.secret
+        "sasl.oauthbearer.config",  # free-form: OAUTHBEARER token implementations take credentials from it
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl_key",  # the in-memory private key (rd_kafka_conf_set_ssl_cert)
+        "ssl.keystore.password",
+        # The Java client's (and so Spark's Kafka source's, as kafka.<name>) secrets, which users copy over:
+        "sasl.jaas.config",
+        "ssl.keystore.key",
+        "ssl.truststore.password",
+    }
 )
-"""librdkafka properties that hold secrets: they must come through the typed SecretStr/file fields."""
+"""Properties that hold secrets. ``properties`` are shown as given (in reprs, in the resource configuration the
+Dagster UI shows, as Spark options), so these are refused there and must come through the typed SecretStr/file
+fields. Not secrets, so allowed: paths (``ssl.key.location``, ``ssl.keystore.location``,
+``sasl.oauthbearer.assertion.private.key.file``, ``sasl.oauthbearer.assertion.file``, ``sasl.kerberos.keytab``),
+certificates (``ssl.certificate.pem``, ``ssl.ca.pem``, ``https.ca.pem``) and names (``sasl.username``,
+``sasl.oauthbearer.client.id``, ``sasl.kerberos.principal``)."""
+
+SECRET_SUFFIXES = (".password", ".secret")
+"""Any property named like these is a secret too (e.g. a property a newer librdkafka adds)."""
+
+_OIDC_SECRET_FIELD = "oauthbearer_client_secret or oauthbearer_client_secret_file"
+_KEY_FILE_FIELD = "ssl_key_location (the key in a mounted file)"
+_SECRET_FIELDS = {
+    "sasl.password": "sasl_password or sasl_password_file",
+    "sasl.oauthbearer.client.secret": _OIDC_SECRET_FIELD,
+    "sasl.oauthbearer.client.credentials.client.secret": _OIDC_SECRET_FIELD,
+    "ssl.key.password": "ssl_key_password or ssl_key_password_file",
+    "ssl.key.pem": _KEY_FILE_FIELD,
+    "ssl_key": _KEY_FILE_FIELD,
+}
+"""The typed fields that carry a secret property, for the error message."""
+
+
+def is_secret_property(key: str) -> bool:
+    """Whether a property name holds a secret; also under Spark's ``kafka.`` prefix and in any case."""
+    name = key.strip().lower().removeprefix("kafka.")
+    return name in SECRET_PROPERTIES or name.endswith(SECRET_SUFFIXES)
+
+
+def _secret_property_error(key: str) -> str:
+    name = key.strip().lower().removeprefix("kafka.")
+    field = _SECRET_FIELDS.get(name)
+    shown = "properties are shown as given (reprs, the Dagster UI, Spark options)"
+    if field is not None:
+        return f"{key!r} holds a secret: set the typed field {field} instead; {shown}"
+    return f"{key!r} holds a secret and has no typed field, so it cannot be set here: {shown}"
+
 
 _TYPED_PROPERTIES = {
     "bootstrap.servers": "bootstrap_servers",
@@ -113,11 +166,8 @@ class KafkaStreamConfig(BaseModel):
     @classmethod
     def _check_properties(cls, value: dict[str, PropertyValue]) -> dict[str, PropertyValue]:
         for key in value:
-            if key in SECRET_PROPERTIES or key.endswith((".password", ".secret")):
-                raise ValueError(
-                    f"{key!r} holds a secret: use the typed field (a SecretStr or a mounted *_file) instead, "
-                    "so it never appears in reprs or logs"
-                )
+            if is_secret_property(key):
+                raise ValueError(_secret_property_error(key))
             if key in _TYPED_PROPERTIES:
                 raise ValueError(f"{key!r} has a typed field: set {_TYPED_PROPERTIES[key]} instead")
             if key == "group.id":

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -157,16 +159,24 @@ def _basic_password(header: str) -> str:
     return decoded.partition(":")[2]
 
 
+@functools.lru_cache(maxsize=1)
+def _date(second: int) -> bytes:
+    """The ``Date`` header's value, formatted once per second."""
+    return formatdate(second, usegmt=True).encode()
+
+
 async def _send(send: Send, method: str, response: Response, *, close: bool = False) -> None:
-    headers: list[tuple[bytes, bytes]] = []
+    # Header names in their canonical case, as the platform's web server sends them (uvicorn's httptools
+    # protocol lower-cases them; server.py runs it through wire.CanonicalHeadersProtocol, which re-cases).
+    headers: list[tuple[bytes, bytes]] = [(b"Date", _date(int(time.time())))]
     if response.content_type:
-        headers.append((b"content-type", response.content_type.encode()))
+        headers.append((b"Content-Type", response.content_type.encode()))
     headers.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers)
     if response.status != 204:
         length = response.content_length if response.content_length is not None else len(response.body)
-        headers.append((b"content-length", str(length).encode()))
+        headers.append((b"Content-Length", str(length).encode()))
     if close:
-        headers.append((b"connection", b"close"))
+        headers.append((b"Connection", b"close"))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     body = b"" if method == "HEAD" or response.status == 204 else response.body
     await send({"type": "http.response.body", "body": body})

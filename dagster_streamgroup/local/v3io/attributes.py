@@ -3,6 +3,11 @@
 
 Items store the typed form exactly as the client sent it (after validation), so GetItem echoes values
 byte for byte; expressions work on the decoded Python values defined here.
+
+Array attributes are ``B`` blobs in the layout v3io-py (``v3io/dataplane/kv_array.py``) writes and reads:
+four little-endian ``uint32`` (magic 11223344, version 1, payload size ``8 * n``, element type 259 for 64-bit
+integers or 261 for doubles) followed by the ``n`` elements. A blob in exactly that layout decodes to an
+:class:`Array` (the client also tries every ``B`` as an array first); any other blob stays ``bytes``.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import base64
 import binascii
 import math
 import re
-from typing import Any, NamedTuple
+import struct
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 from dagster_streamgroup.local.v3io import errors
 
@@ -54,7 +61,49 @@ class Timestamp(NamedTuple):
     nanos: int
 
 
-Value = str | int | float | bool | bytes | Timestamp
+ArrayKind = Literal["int", "double"]
+
+_ARRAY_HEADER = struct.Struct("<IIII")
+_ARRAY_MAGIC = 11223344
+_ARRAY_VERSION = 1
+_ARRAY_TYPES: dict[int, ArrayKind] = {259: "int", 261: "double"}
+_ARRAY_TYPE_CODES: dict[ArrayKind, int] = {kind: code for code, kind in _ARRAY_TYPES.items()}
+_ARRAY_FORMATS: dict[ArrayKind, str] = {"int": "q", "double": "d"}
+MAX_ARRAY_LENGTH = 1 << 20
+"""Elements an array attribute may hold (8 MiB): what ``init_array`` and slices may create."""
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Array:
+    """An array attribute: 64-bit integers (``int``) or doubles (``double``)."""
+
+    kind: ArrayKind
+    values: tuple[int | float, ...]
+
+
+Value = str | int | float | bool | bytes | Timestamp | Array
+
+
+def parse_array(raw: bytes) -> Array | None:
+    """The array a ``B`` blob holds, or ``None`` when the blob is not in the array layout."""
+    if len(raw) < _ARRAY_HEADER.size:
+        return None
+    magic, version, size, code = _ARRAY_HEADER.unpack_from(raw)
+    kind = _ARRAY_TYPES.get(code)
+    if magic != _ARRAY_MAGIC or version != _ARRAY_VERSION or kind is None:
+        return None
+    if size % 8 or len(raw) != _ARRAY_HEADER.size + size:
+        return None
+    values = struct.unpack_from(f"<{size // 8}{_ARRAY_FORMATS[kind]}", raw, _ARRAY_HEADER.size)
+    return Array(kind, values)
+
+
+def array_blob(value: Array) -> bytes:
+    """The ``B`` payload of an array, in the layout :func:`parse_array` reads."""
+    count = len(value.values)
+    header = _ARRAY_HEADER.pack(_ARRAY_MAGIC, _ARRAY_VERSION, count * 8, _ARRAY_TYPE_CODES[value.kind])
+    return header + struct.pack(f"<{count}{_ARRAY_FORMATS[value.kind]}", *value.values)
 
 
 def check_name(name: object, *, field: str = "attribute") -> str:
@@ -149,7 +198,9 @@ def decode(typed: TypedValue) -> Value:
     if kind == "BOOL":
         return bool(value)
     if kind == "B":
-        return base64.b64decode(value)
+        raw = base64.b64decode(value)
+        array = parse_array(raw)
+        return raw if array is None else array
     secs, nanos = str(value).split(":")
     return Timestamp(int(secs), int(nanos))
 
@@ -164,6 +215,8 @@ def encode(value: Value) -> TypedValue:
         return {"S": value}
     if isinstance(value, bytes):
         return {"B": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Array):
+        return {"B": base64.b64encode(array_blob(value)).decode("ascii")}
     return {"TS": f"{value.secs}:{value.nanos}"}
 
 

@@ -6,7 +6,14 @@ Conditions and filters: ``== != < <= > >=``, ``AND``/``OR``/``NOT`` (any case), 
 names, ``+ - * /``. A comparison that reads a missing attribute is false (so is every comparison on an
 item that does not exist); comparing values of different types is false; an empty condition is true.
 
-Update expressions: ``;``-separated clauses of ``SET a = e [, b = e]``, bare ``a = e``,
+Array attributes (see :class:`~dagster_streamgroup.local.v3io.attributes.Array`): ``a[i]`` reads an element
+(``i`` is any expression that evaluates to an integer), ``a[i..j]`` a slice (``j`` included, as the platform
+documents), ``init_array(n, 'int'|'double')`` makes an array of ``n`` zeros, ``length(a)`` counts elements
+and ``min(a)``/``max(a)`` (one argument) reduce an array or a slice. An index outside the array, or ``[]`` on
+an attribute that is not an array, is an error.
+
+Update expressions: ``;``-separated clauses of ``SET a = e [, b = e]``, bare ``a = e``, element
+assignment ``a[i] = e`` (on an existing array; an integer array takes integral numbers only),
 ``REMOVE a [, b]`` and ``delete(a)``. Clauses apply in order, each seeing the previous ones' results.
 
 Everything here is pure: parsing raises :class:`ExpressionError`, evaluation takes a mapping of decoded
@@ -15,12 +22,21 @@ values (user and system attributes) and never touches storage.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from dagster_streamgroup.local.v3io.attributes import Timestamp, Value
+from dagster_streamgroup.local.v3io.attributes import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ARRAY_LENGTH,
+    Array,
+    ArrayKind,
+    Timestamp,
+    Value,
+)
 
 MAX_EXPRESSION_LENGTH = 64 * 1024
 MAX_DEPTH = 64
@@ -46,11 +62,11 @@ Result: TypeAlias = Value | _Missing
 _TOKEN_RE = re.compile(
     r"""
     (?P<ws>\s+)
-  | (?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)
+  | (?P<num>(?:[0-9]+(?:\.(?!\.)[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)
   | (?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
   | (?P<bq>`[^`]+`)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<op>==|!=|<>|<=|>=|<|>|=|\(|\)|\[|\]|,|;|\+|-|\*|/)
+  | (?P<op>==|!=|<>|<=|>=|<|>|=|\(|\)|\[|\]|\.\.|,|;|\+|-|\*|/)
     """,
     re.VERBOSE,
 )
@@ -106,6 +122,23 @@ class Attr:
 
 
 @dataclass(frozen=True, slots=True)
+class Element:
+    """``a[i]``: one element of an array attribute."""
+
+    name: str
+    index: Node
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """``a[i..j]``: elements ``i`` to ``j`` of an array attribute, both included."""
+
+    name: str
+    start: Node
+    end: Node
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     name: str
     args: tuple[Node, ...]
@@ -130,7 +163,7 @@ class In:
     choices: tuple[Node, ...]
 
 
-Node: TypeAlias = Literal | Attr | Call | Unary | Binary | In
+Node: TypeAlias = Literal | Attr | Element | Slice | Call | Unary | Binary | In
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,23 +173,34 @@ class Assign:
 
 
 @dataclass(frozen=True, slots=True)
+class AssignElement:
+    """``a[i] = e``: replace one element of an existing array attribute."""
+
+    name: str
+    index: Node
+    value: Node
+
+
+@dataclass(frozen=True, slots=True)
 class Remove:
     name: str
 
 
-Action: TypeAlias = Assign | Remove
+Action: TypeAlias = Assign | AssignElement | Remove
 
 _COMPARISONS = frozenset({"==", "!=", "<", "<=", ">", ">="})
-_FUNCTIONS = {
-    "exists": 1,
-    "if_not_exists": 2,
-    "starts": 2,
-    "ends": 2,
-    "contains": 2,
-    "length": 1,
-    "min": 2,
-    "max": 2,
+_FUNCTIONS: dict[str, tuple[int, ...]] = {
+    "exists": (1,),
+    "if_not_exists": (2,),
+    "starts": (2,),
+    "ends": (2,),
+    "contains": (2,),
+    "length": (1,),
+    "min": (1, 2),
+    "max": (1, 2),
+    "init_array": (2,),
 }
+_ARRAY_KINDS: dict[str, ArrayKind] = {"int": "int", "double": "double"}
 
 
 class _Parser:
@@ -289,10 +333,19 @@ class _Parser:
             self.i += 1
             if not quoted and self.tok.kind == "op" and self.tok.text == "(":
                 return self.call(lowered)
-            if self.tok.kind == "op" and self.tok.text == "[":
-                raise self.error("array element access is not supported")
+            if self.op("["):
+                return self.subscript(str(tok.value))
             return Attr(str(tok.value))
         raise self.error("expected a value, an attribute or '('")
+
+    def subscript(self, name: str) -> Element | Slice:
+        """After ``name[``: ``i]`` or ``i..j]``."""
+        self.nested()
+        start = self.expression()
+        node: Element | Slice = Slice(name, start, self.expression()) if self.op("..") else Element(name, start)
+        self.expect("]")
+        self.depth -= 1
+        return node
 
     def call(self, name: str) -> Node:
         arity = _FUNCTIONS.get(name)
@@ -305,8 +358,9 @@ class _Parser:
             while self.op(","):
                 args.append(self.expression())
         self.expect(")")
-        if len(args) != arity:
-            raise ExpressionError(f"function {name}() takes {arity} argument(s), got {len(args)}")
+        if len(args) not in arity:
+            expected = " or ".join(str(n) for n in arity)
+            raise ExpressionError(f"function {name}() takes {expected} argument(s), got {len(args)}")
         if name in ("exists", "if_not_exists") and not isinstance(args[0], Attr):
             raise ExpressionError(f"the first argument of {name}() must be an attribute name")
         return Call(name, tuple(args))
@@ -339,10 +393,14 @@ class _Parser:
         nxt = self.tokens[self.i + 1]
         return nxt.kind == "op" and nxt.text == op
 
-    def assignment(self) -> Assign:
+    def assignment(self) -> Assign | AssignElement:
         name = self.name()
-        if self.tok.kind == "op" and self.tok.text == "[":
-            raise self.error("array element assignment is not supported")
+        if self.op("["):
+            target = self.subscript(name)
+            if isinstance(target, Slice):
+                raise self.error("assigning to an array slice is not supported (assign elements one by one)")
+            self.expect("=")
+            return AssignElement(name, target.index, self.expression())
         self.expect("=")
         return Assign(name, self.expression())
 
@@ -395,7 +453,7 @@ def _compare(op: str, left: Result, right: Result) -> bool:
         return left == right
     if op == "!=":
         return left != right
-    if isinstance(left, bool):
+    if isinstance(left, bool | Array):
         return False
     return _ORDER[op](left, right)
 
@@ -437,6 +495,8 @@ def _type_name(value: Result) -> str:
         return "a string"
     if isinstance(value, Timestamp):
         return "a timestamp"
+    if isinstance(value, Array):
+        return "an array"
     return "a blob"
 
 
@@ -445,6 +505,14 @@ def evaluate(node: Node, attrs: Attributes) -> Result:
         return node.value
     if isinstance(node, Attr):
         return attrs.get(node.name, MISSING)
+    if isinstance(node, Element):
+        array = _array(node.name, attrs)
+        if isinstance(array, _Missing):
+            return MISSING
+        index = _index(node.index, attrs, array, node.name)
+        return MISSING if isinstance(index, _Missing) else array.values[index]
+    if isinstance(node, Slice):
+        return _slice(node, attrs)
     if isinstance(node, Binary):
         if node.op == "and":
             return truth(node.left, attrs) and truth(node.right, attrs)
@@ -471,6 +539,79 @@ def evaluate(node: Node, attrs: Attributes) -> Result:
     return _call(node, attrs)
 
 
+def _array(name: str, attrs: Attributes) -> Array | _Missing:
+    value = attrs.get(name, MISSING)
+    if isinstance(value, _Missing | Array):
+        return value
+    raise ExpressionError(f"{name!r} is {_type_name(value)}, not an array attribute")
+
+
+def _integer(value: Result, what: str) -> int | _Missing:
+    if isinstance(value, _Missing):
+        return MISSING
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ExpressionError(f"{what} must be an integer, got {_type_name(value)}")
+    return value
+
+
+def _index(node: Node, attrs: Attributes, array: Array, name: str) -> int | _Missing:
+    index = _integer(evaluate(node, attrs), f"an index of {name!r}")
+    if isinstance(index, int) and not 0 <= index < len(array.values):
+        raise ExpressionError(f"index {index} is outside {name!r}, an array of {len(array.values)} elements")
+    return index
+
+
+def _slice(node: Slice, attrs: Attributes) -> Array | _Missing:
+    array = _array(node.name, attrs)
+    if isinstance(array, _Missing):
+        return MISSING
+    start = _index(node.start, attrs, array, node.name)
+    end = _index(node.end, attrs, array, node.name)
+    if isinstance(start, _Missing) or isinstance(end, _Missing):
+        return MISSING
+    if start > end:
+        raise ExpressionError(f"the slice {node.name}[{start}..{end}] ends before it starts")
+    return Array(array.kind, array.values[start : end + 1])
+
+
+def _init_array(size: Result, kind: Result) -> Array:
+    count = _integer(size, "the size of init_array()")
+    assert not isinstance(count, _Missing)
+    if not 0 <= count <= MAX_ARRAY_LENGTH:
+        raise ExpressionError(f"init_array() size {count} is outside 0..{MAX_ARRAY_LENGTH}")
+    array_kind = _ARRAY_KINDS.get(kind.lower()) if isinstance(kind, str) else None
+    if array_kind is None:
+        raise ExpressionError(f"the type of init_array() must be 'int' or 'double', got {kind!r}")
+    zero: int | float = 0 if array_kind == "int" else 0.0
+    return Array(array_kind, (zero,) * count)
+
+
+def _element(array: Array, value: Result, name: str) -> int | float:
+    """``value`` as an element of ``array``: an integer array takes integral numbers, a double array any number."""
+    if isinstance(value, _Missing):
+        raise ExpressionError(f"the value assigned to an element of {name!r} reads an attribute the item does not have")
+    if not _is_number(value):
+        raise ExpressionError(f"an element of {name!r} must be a number, got {_type_name(value)}")
+    assert isinstance(value, int | float)
+    if array.kind == "double":
+        try:
+            element = float(value)
+        except OverflowError:
+            element = math.inf
+        if not math.isfinite(element):
+            raise ExpressionError(f"{value!r} is not a finite double for an element of {name!r}")
+        return element
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ExpressionError(f"{name!r} is an integer array: {value!r} is not an integer")
+        value = int(value)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ExpressionError(f"{value} does not fit in a 64-bit element of {name!r}")
+    return value
+
+
 def _call(node: Call, attrs: Attributes) -> Result:
     if node.name == "exists":
         assert isinstance(node.args[0], Attr)
@@ -485,7 +626,18 @@ def _call(node: Call, attrs: Attributes) -> Result:
         (value,) = values
         if isinstance(value, str | bytes):
             return len(value)
-        raise ExpressionError(f"length() needs a string or a blob, got {_type_name(value)}")
+        if isinstance(value, Array):
+            return len(value.values)
+        raise ExpressionError(f"length() needs a string, a blob or an array, got {_type_name(value)}")
+    if node.name == "init_array":
+        return _init_array(*values)
+    if len(values) == 1:  # min(array) / max(array)
+        (array,) = values
+        if not isinstance(array, Array):
+            raise ExpressionError(f"{node.name}() with one argument needs an array, got {_type_name(array)}")
+        if not array.values:
+            raise ExpressionError(f"{node.name}() of an empty array")
+        return min(array.values) if node.name == "min" else max(array.values)
     left, right = values
     if node.name in ("min", "max"):
         if not (_is_number(left) and _is_number(right)):
@@ -515,6 +667,9 @@ def apply_update(actions: list[Action], attrs: dict[str, Value]) -> dict[str, Va
         if isinstance(action, Remove):
             result.pop(action.name, None)
             continue
+        if isinstance(action, AssignElement):
+            result[action.name] = _assign_element(action, result)
+            continue
         value = evaluate(action.value, result)
         if isinstance(value, _Missing):
             raise ExpressionError(
@@ -523,6 +678,21 @@ def apply_update(actions: list[Action], attrs: dict[str, Value]) -> dict[str, Va
             )
         result[action.name] = value
     return result
+
+
+def _assign_element(action: AssignElement, attrs: dict[str, Value]) -> Array:
+    array = _array(action.name, attrs)
+    if isinstance(array, _Missing):
+        raise ExpressionError(
+            f"{action.name!r} does not exist: create the array first, e.g. {action.name} = init_array(n, 'int')"
+        )
+    index = _index(action.index, attrs, array, action.name)
+    if isinstance(index, _Missing):
+        raise ExpressionError(f"the index of {action.name!r} reads an attribute the item does not have")
+    element = _element(array, evaluate(action.value, attrs), action.name)
+    values = list(array.values)
+    values[index] = element
+    return Array(array.kind, tuple(values))
 
 
 def assigned_names(actions: list[Action]) -> set[str]:

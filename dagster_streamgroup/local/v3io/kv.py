@@ -43,6 +43,14 @@ def _condition(body: dict[str, Any], key: str) -> expressions.Node | None:
         raise errors.invalid(f"{key}: {exc}") from None
 
 
+def _holds(condition: expressions.Node | None, values: dict[str, Value], key: str) -> bool:
+    """A condition's verdict; one that cannot be evaluated (``a[9]`` past the end, ``'s' * 2``) is a 400."""
+    try:
+        return expressions.truth(condition, values)
+    except expressions.ExpressionError as exc:
+        raise errors.invalid(f"{key}: {exc}") from None
+
+
 def _update(body: dict[str, Any], key: str) -> list[expressions.Action] | None:
     text = optional_str(body, key)
     if text is None:
@@ -121,7 +129,7 @@ def put_item(store: Storage, target: Target, request: Request) -> Response:
     actions = _update(body, "UpdateExpression")
     with store.transaction():
         node = _existing_item(store, target.container, path)
-        if not expressions.truth(condition, namespace.view(store, node)):
+        if not _holds(condition, namespace.view(store, node), "ConditionExpression"):
             raise errors.condition_false()
         if mode == MODE_CREATE_ONLY and node is not None:
             raise errors.ItemExistsError(path)
@@ -154,7 +162,7 @@ def update_item(store: Storage, target: Target, request: Request) -> Response:
         node = _existing_item(store, target.container, path)
         if mode == MODE_CREATE_ONLY and node is not None:
             raise errors.ItemExistsError(path)
-        if expressions.truth(condition, namespace.view(store, node)):
+        if _holds(condition, namespace.view(store, node), "ConditionExpression"):
             chosen = actions
         elif alternate is not None:
             chosen = alternate
@@ -268,7 +276,7 @@ def get_items(store: Storage, target: Target, request: Request) -> Response:
                 continue
             if total and (zlib.crc32(child.name.encode()) % total) != (segment or 0):
                 continue
-            if filter_node is not None and not expressions.truth(filter_node, namespace.view(store, child)):
+            if filter_node is not None and not _holds(filter_node, namespace.view(store, child), "FilterExpression"):
                 continue
             items.append(namespace.select(store, child, spec))
             if len(items) >= page:

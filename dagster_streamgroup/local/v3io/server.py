@@ -1,4 +1,8 @@
-"""``serve()``: the v3io-compatible server on uvicorn (httptools + uvloop), in the foreground until Ctrl-C."""
+"""``serve()``: the v3io-compatible server on uvicorn (httptools + uvloop), in the foreground until Ctrl-C.
+
+Response header names keep their canonical case (:mod:`~dagster_streamgroup.local.v3io.wire`); uvicorn's
+own ``date`` header is off because the application sends ``Date`` itself.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import uvicorn
 from dagster_streamgroup.local.v3io.app import V3ioApp
 from dagster_streamgroup.local.v3io.config import ServerConfig
 from dagster_streamgroup.local.v3io.storage import Storage
+from dagster_streamgroup.local.v3io.wire import CanonicalHeadersProtocol
 
 log = logging.getLogger("dagster_streamgroup.local.v3io")
 
@@ -26,12 +31,13 @@ def serve(host: str, port: int, data_dir: Path, access_key: str | None, *, confi
         app,
         host=host,
         port=port,
-        http="httptools",
+        http=CanonicalHeadersProtocol,
         loop="uvloop",
         lifespan="off",
         access_log=False,
         log_level="warning",
         server_header=False,
+        date_header=False,
         timeout_keep_alive=120,
         timeout_graceful_shutdown=5,
     )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 
 import pytest
+import v3io.dataplane.kv_array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dagster_streamgroup.local.v3io.attributes import Value
+from dagster_streamgroup.local.v3io.attributes import Array, Value, decode, encode
 from dagster_streamgroup.local.v3io.expressions import (
     ExpressionError,
     apply_update,
+    evaluate,
     parse_condition,
     parse_update,
+    tokenize,
     truth,
 )
 
@@ -75,7 +79,8 @@ def test_every_comparison_on_a_missing_item_is_false_but_not_exists_is_true() ->
 
 
 @pytest.mark.parametrize(
-    "bad", ["a ==", "((a == 1)", "a == 1 extra", "unknown_fn(a)", "exists(1)", "'open", "a[1] == 2", "a ! b"]
+    "bad",
+    ["a ==", "((a == 1)", "a == 1 extra", "unknown_fn(a)", "exists(1)", "'open", "a[1 == 2", "a[] == 2", "a ! b"],
 )
 def test_malformed_conditions_name_the_position(bad: str) -> None:
     with pytest.raises(ExpressionError):
@@ -110,8 +115,8 @@ def test_update_errors() -> None:
         apply_update(parse_update("a = s * 2"), dict(ITEM))
     with pytest.raises(ExpressionError):
         parse_update(";;")
-    with pytest.raises(ExpressionError):
-        parse_update("a[1] = 2")
+    with pytest.raises(ExpressionError, match="slice"):
+        parse_update("a[0..1] = 2")
 
 
 @given(st.text(max_size=80))
@@ -127,3 +132,80 @@ def test_integer_comparisons_match_python(x: int, y: int) -> None:
     assert holds("x < y", item) == (x < y)
     assert holds("x >= y", item) == (x >= y)
     assert holds("x == y OR x != y", item)
+
+
+ARRAYS: dict[str, Value] = {"ints": Array("int", (1, 2, 3)), "doubles": Array("double", (0.5, 1.5)), "i": 1, "s": "x"}
+
+
+def test_array_blobs_use_the_client_layout() -> None:
+    client_ints = v3io.dataplane.kv_array.encode_list([1, -2, 3]).decode()
+    client_doubles = v3io.dataplane.kv_array.encode_list([0.5, 1.5]).decode()
+    assert decode({"B": client_ints}) == Array("int", (1, -2, 3))
+    assert decode({"B": client_doubles}) == Array("double", (0.5, 1.5))
+    assert encode(Array("int", (1, -2, 3))) == {"B": client_ints}
+    assert encode(Array("double", (0.5, 1.5))) == {"B": client_doubles}
+    assert v3io.dataplane.kv_array.decode(base64.b64decode(encode(Array("int", ()))["B"])) == []
+    # Any other blob stays bytes, also one with the array magic but a size that does not match.
+    truncated = base64.b64decode(client_ints)[:-1]
+    for raw in (b"\x00\xff", truncated, b""):
+        assert decode({"B": base64.b64encode(raw).decode()}) == raw
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        "ints[1] == 2",
+        "ints[i + 1] == 3 and doubles[i] == 1.5",
+        "ints[2.0] == 3",
+        "length(ints) == 3 and length(ints[1..2]) == 2",
+        "max(ints) == 3 and min(ints[1..2]) == 2 and max(doubles) == 1.5",
+        "ints[0..1] == ints[0..1] and ints != doubles",
+        "not(missing[0] == 1)",
+    ],
+)
+def test_array_conditions(condition: str) -> None:
+    assert holds(condition, ARRAYS)
+
+
+@pytest.mark.parametrize("condition", ["ints > ints", "missing[0] == 1", "ints[missing] == 1", "ints == 1"])
+def test_false_array_conditions(condition: str) -> None:
+    assert not holds(condition, ARRAYS)
+
+
+@pytest.mark.parametrize(
+    "condition", ["ints[3] == 1", "ints[-1] == 1", "s[0] == 1", "ints[0.5] == 1", "ints[true] == 1", "length(i) == 1"]
+)
+def test_bad_array_reads_are_errors(condition: str) -> None:
+    with pytest.raises(ExpressionError):
+        truth(parse_condition(condition), ARRAYS)
+
+
+def test_array_updates() -> None:
+    result = apply_update(
+        parse_update("ints[1] = ints[1] * 2; doubles[0] = 2; a = init_array(3, 'DOUBLE'); a[2] = 4.5; b = ints[1..2]"),
+        dict(ARRAYS),
+    )
+    assert result == {
+        **ARRAYS,
+        "ints": Array("int", (1, 4, 3)),
+        "doubles": Array("double", (2.0, 1.5)),
+        "a": Array("double", (0.0, 0.0, 4.5)),
+        "b": Array("int", (4, 3)),
+    }
+    assert type(result["doubles"].values[0]) is float  # type: ignore[union-attr]
+    with pytest.raises(ExpressionError, match="finite"):
+        apply_update(parse_update("doubles[0] = 1e308 * 10"), dict(ARRAYS))
+    with pytest.raises(ExpressionError, match="finite"):
+        apply_update(parse_update("doubles[0] = " + "10 * " * 400 + "1"), dict(ARRAYS))  # an int beyond any double
+
+
+def test_init_array_bounds() -> None:
+    assert evaluate(parse_condition("init_array(0, 'int')"), {}) == Array("int", ())  # type: ignore[arg-type]
+    with pytest.raises(ExpressionError, match="outside"):
+        evaluate(parse_condition("init_array(2 * 1024 * 1024, 'int')"), {})  # type: ignore[arg-type]
+    with pytest.raises(ExpressionError, match="outside"):
+        evaluate(parse_condition("init_array(-1, 'int')"), {})  # type: ignore[arg-type]
+
+
+def test_slice_dots_are_not_a_decimal_point() -> None:
+    assert [t.text for t in tokenize("a[1..2] 1.5 1. .5")] == ["a", "[", "1", "..", "2", "]", "1.5", "1.", ".5", ""]
