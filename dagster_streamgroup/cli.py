@@ -184,7 +184,7 @@ def status(group: str, definitions_path: Path, n_events: int) -> None:
     if state is None:
         console.print(f"group {group!r} on {resource.backend().stream_id} has no state yet (no member has ticked)")
         return
-    highs = {sid: mark.high for sid, mark in resource.backend().watermarks(list(state.shards)).items()}
+    marks = resource.backend().watermarks(list(state.shards))
     now = resource.store().now()
     members = Table(title=f"group {group} on {state.stream}: members")
     for column in ("member", "joined", "last heartbeat", "shards"):
@@ -194,9 +194,9 @@ def status(group: str, definitions_path: Path, n_events: int) -> None:
         members.add_row(mid, _when(member.joined), f"{now - member.heartbeat:.1f} s ago", str(owned))
     console.print(members)
     shards = Table(title="shards")
-    for column in ("shard", "owner", "epoch", "committed", "high", "lag", "in flight", "parked"):
+    for column in ("shard", "owner", "epoch", "committed", "high", "lag", "in flight", "parked", "waits on"):
         shards.add_column(column, justify="right" if column in {"epoch", "committed", "high", "lag"} else "left")
-    rows = shard_rows(state, highs)
+    rows = shard_rows(state, marks)
     for row in rows:
         shards.add_row(
             row.shard,
@@ -207,6 +207,7 @@ def status(group: str, definitions_path: Path, n_events: int) -> None:
             "-" if row.lag is None else str(row.lag),
             row.inflight,
             row.parked,
+            row.waits,
         )
     console.print(shards)
     total = sum(r.lag for r in rows if r.lag is not None)

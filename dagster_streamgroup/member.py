@@ -124,13 +124,14 @@ class TickReport:
 
     @property
     def lag(self) -> dict[str, int]:
-        """Records behind the high watermark per owned shard (what is known from this tick)."""
+        """Records behind what was written per owned shard (what is known from this tick), an open transaction's
+        records included: they are the ones the group waits for."""
         out: dict[str, int] = {}
         for shard_id in self.owned:
             shard = self.state.shards[shard_id]
             mark = self.watermarks.get(shard_id)
             if mark is not None and shard.committed is not None:
-                out[shard_id] = max(0, mark.high - shard.committed)
+                out[shard_id] = max(0, max(mark.high, mark.uncommitted_high or 0) - shard.committed)
         return out
 
 
@@ -165,7 +166,11 @@ class GroupMember:
                 if shard_id in unpositioned and group_committed is None and timestamp is not None:
                     at_timestamp = self.backend.offset_for_time(shard_id, timestamp)
                 self._watermarks[shard_id] = Watermark(
-                    low=mark.low, high=mark.high, group_committed=group_committed, at_timestamp=at_timestamp
+                    low=mark.low,
+                    high=mark.high,
+                    group_committed=group_committed,
+                    at_timestamp=at_timestamp,
+                    uncommitted_high=mark.uncommitted_high,
                 )
         return {s: self._watermarks[s] for s in shard_ids if s in self._watermarks}
 

@@ -316,4 +316,4 @@ def _lag_after(resource: StreamGroupResource, ends: Mapping[str, int]) -> dict[s
         marks = resource.backend().watermarks(list(ends))
     except StreamError:
         return {}
-    return {shard: max(0, marks[shard].high - end) for shard, end in ends.items() if shard in marks}
+    return {shard: max(0, marks[shard].written_end - end) for shard, end in ends.items() if shard in marks}

@@ -12,7 +12,7 @@ import runpy
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupState
+from dagster_streamgroup.streams.base import Watermarks, open_transaction_text
 
 
 class OperatorError(Exception):
@@ -79,13 +80,20 @@ class ShardRow:
     lag: int | None
     inflight: str
     parked: str
+    waits: str = ""
+    """Why the shard cannot move on by itself, if it cannot (an open transaction)."""
 
 
-def shard_rows(state: GroupState, highs: dict[str, int]) -> list[ShardRow]:
+def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[ShardRow]:
     rows = []
     for sid, shard in state.shards.items():
-        high = highs.get(sid)
-        lag = max(0, high - shard.committed) if high is not None and shard.committed is not None else None
+        mark = marks.get(sid)
+        high = None if mark is None else mark.high
+        end = None if mark is None else mark.written_end
+        lag = max(0, end - shard.committed) if end is not None and shard.committed is not None else None
+        waits = ""
+        if mark is not None and mark.uncommitted_high is not None and mark.held_by_open_transaction:
+            waits = open_transaction_text(mark.high, mark.uncommitted_high)
         inflight = ""
         if shard.inflight is not None:
             f = shard.inflight
@@ -96,7 +104,7 @@ def shard_rows(state: GroupState, highs: dict[str, int]) -> list[ShardRow]:
         owner = shard.owner or "-"
         if shard.owner is not None and shard.owner not in state.members:
             owner += " (left)"
-        rows.append(ShardRow(sid, owner, shard.epoch, shard.committed, high, lag, inflight, parked))
+        rows.append(ShardRow(sid, owner, shard.epoch, shard.committed, high, lag, inflight, parked, waits))
     return rows
 
 

@@ -34,7 +34,7 @@ from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evalua
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupConfigError, StreamGroupResource
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
-from dagster_streamgroup.streams.base import StreamError
+from dagster_streamgroup.streams.base import StreamError, open_transaction_text
 
 ENDED_UNREPORTED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 ENDED = (dg.DagsterRunStatus.SUCCESS, *ENDED_UNREPORTED)
@@ -459,16 +459,24 @@ class _Cursor:
         )
 
 
-def _owned_lag(resource: StreamGroupResource, report: TickReport) -> dict[str, int]:
-    """Lag of every owned shard: the tick knows the watermarks of idle shards only, so ask for the rest."""
+def _owned_lag(resource: StreamGroupResource, report: TickReport) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """Lag of every owned shard (the tick knows the watermarks of idle shards only, so ask for the rest), and
+    the shards an open transaction holds: ``{shard: (last stable offset, written end)}``."""
     lag = report.lag
+    held = {
+        sid: (mark.high, mark.uncommitted_high)
+        for sid, mark in report.watermarks.items()
+        if sid in lag and mark.uncommitted_high is not None and mark.uncommitted_high > mark.high
+    }
     missing = [sid for sid in report.owned if sid not in lag and report.state.shards[sid].committed is not None]
     if missing:
-        for sid, mark in resource.backend().watermarks(missing).items():
+        for sid, backend_mark in resource.backend().watermarks(missing).items():
             committed = report.state.shards[sid].committed
             assert committed is not None
-            lag[sid] = max(0, mark.high - committed)
-    return lag
+            lag[sid] = max(0, backend_mark.written_end - committed)
+            if backend_mark.uncommitted_high is not None and backend_mark.held_by_open_transaction:
+                held[sid] = (backend_mark.high, backend_mark.uncommitted_high)
+    return lag, held
 
 
 def _asset_events(
@@ -478,7 +486,7 @@ def _asset_events(
     events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     now = time.time()
     due = report.owned and now - cursor.lag_reported_at >= LAG_REPORT_INTERVAL_S
-    lag = _owned_lag(resource, report) if due else {}
+    lag, held = _owned_lag(resource, report) if due else ({}, {})
     if lag:
         metadata: dict[str, dg.RawMetadataValue] = {
             "member": dg.MetadataValue.text(report.member_id),
@@ -487,6 +495,8 @@ def _asset_events(
         }
         for shard, value in sorted(lag.items()):
             metadata[f"lag {shard}"] = dg.MetadataValue.int(value)
+        for shard, (stable, written) in sorted(held.items()):
+            metadata[f"open transaction {shard}"] = dg.MetadataValue.text(open_transaction_text(stable, written))
         events.append(dg.AssetObservation(asset_key=target.asset.key, metadata=metadata))
         cursor.lag_reported_at = now
     parked = tuple(sorted(sid for sid, s in report.state.shards.items() if s.parked is not None))

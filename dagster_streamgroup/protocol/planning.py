@@ -38,6 +38,9 @@ class Watermark(BaseModel):
     at_timestamp: int | None = None
     """Under ``seek='timestamp'``, for a shard not positioned yet: the first offset at or after the policy's
     timestamp (the high watermark if no record is that recent)."""
+    uncommitted_high: int | None = None
+    """Past ``high`` while an open transaction holds readers at the last stable offset: what was written.
+    Planning never goes past ``high``; lag counts to this."""
 
 
 class Launch(BaseModel):

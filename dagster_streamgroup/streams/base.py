@@ -18,7 +18,28 @@ class Watermarks(NamedTuple):
     low: int
     """First offset still available (retention trims below it)."""
     high: int
-    """Next offset to be written: ``[low, high)`` is readable now."""
+    """Next offset a reader can reach: ``[low, high)`` is readable now. Under Kafka's ``read_committed`` this is
+    the last stable offset: an open transaction holds every reader there until it commits or aborts."""
+    uncommitted_high: int | None = None
+    """Where ``high`` is held below what was written (an open transaction): the next offset written, counting
+    the open transaction's records (Kafka's ``read_uncommitted`` high watermark). ``None`` otherwise."""
+
+    @property
+    def written_end(self) -> int:
+        """The end that lag is counted to: what was written, whether readers may see it yet or not."""
+        return max(self.high, self.uncommitted_high or 0)
+
+    @property
+    def held_by_open_transaction(self) -> bool:
+        return self.uncommitted_high is not None and self.uncommitted_high > self.high
+
+
+def open_transaction_text(stable: int, written: int) -> str:
+    """What the status table and the lag observations say of a shard an open transaction holds."""
+    return (
+        f"waits on an open transaction: held at the last stable offset {stable}, "
+        f"{written - stable} record(s) up to {written} not committed or aborted yet"
+    )
 
 
 class StreamError(Exception):

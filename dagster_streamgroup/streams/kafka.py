@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -458,15 +457,21 @@ class KafkaBackend:
             shards.extend(shard_id(topic, p) for p in sorted(meta.partitions))
         return shards
 
+    @property
+    def reads_committed(self) -> bool:
+        """Whether readers see only committed transactions (``isolation.level``, ``read_committed`` by default)."""
+        return str(self.config.properties.get("isolation.level", "read_committed")) != "read_uncommitted"
+
     def _offsets(
-        self, specs: dict[TopicPartition, OffsetSpec], what: str
+        self, specs: dict[TopicPartition, OffsetSpec], what: str, *, uncommitted: bool = False
     ) -> tuple[dict[str, int], dict[str, KafkaException]]:
         """ListOffsets per shard, with the partitions that failed apart: one vanished partition must not hide
-        the offsets of the others."""
+        the offsets of the others. A failure other than an unknown partition (a timeout, a lost connection)
+        also drops the admin client, as ``_admin_call`` does: the futures' errors arrive after the request."""
         if not specs:
             return {}, {}
-        isolation = str(self.config.properties.get("isolation.level", "read_committed"))
-        level = IsolationLevel.READ_UNCOMMITTED if isolation == "read_uncommitted" else IsolationLevel.READ_COMMITTED
+        committed_only = self.reads_committed and not uncommitted
+        level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
         with self._admin_call(what):
             futures = self.admin.list_offsets(specs, isolation_level=level, request_timeout=self.request_timeout_s)
         found: dict[str, int] = {}
@@ -477,6 +482,10 @@ class KafkaBackend:
                 found[shard] = int(future.result().offset)
             except KafkaException as exc:
                 failed[shard] = exc
+        if any(_error_code(exc) not in _UNKNOWN_PARTITION_CODES for exc in failed.values()) or any(
+            offset < 0 and offset != _NO_RECORD_AT_TIME for offset in found.values()
+        ):
+            self._admin = None
         return found, failed
 
     def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], what: str) -> dict[str, int]:
@@ -508,6 +517,12 @@ class KafkaBackend:
         tps = [self._topic_partition(s) for s in shards]
         lows, low_errors = self._offsets({tp: _spec_earliest() for tp in tps}, "reading low watermarks")
         highs, high_errors = self._offsets({tp: _spec_latest() for tp in tps}, "reading high watermarks")
+        written: dict[str, int] = {}
+        if self.reads_committed:  # the last stable offset above; what an open transaction holds back past it
+            written, written_errors = self._offsets(
+                {tp: _spec_latest() for tp in tps}, "reading high watermarks", uncommitted=True
+            )
+            high_errors = {**written_errors, **high_errors}
         failed = {**low_errors, **high_errors}
         missing = [s for s, exc in failed.items() if _error_code(exc) in _UNKNOWN_PARTITION_CODES]
         gone = self._vanished(missing) if missing else set()
@@ -524,27 +539,58 @@ class KafkaBackend:
                     f"{highs[shard]}); the request timed out or the partition has no leader"
                 )
             else:
-                out[shard] = Watermarks(lows[shard], highs[shard])
+                held = written.get(shard, -1) > highs[shard]
+                out[shard] = Watermarks(lows[shard], highs[shard], written[shard] if held else None)
         return out
 
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
+        """The group's offsets as Kafka stores them, read by an assign-only consumer of the group (OffsetFetch).
+
+        Not through the admin client's ListConsumerGroupOffsets: librdkafka (2.16 and earlier) dereferences a
+        null group handle when that request is answered NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS
+        (librdkafka#5040), killing the process; a consumer has a group handle, and retries."""
         _check_group(group)
         tps = [self._topic_partition(s) for s in shards]
         if not tps:
             return {}
-        with self._admin_call(f"reading the committed offsets of group {group!r}"):
-            futures = self.admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, tps)], request_timeout=self.request_timeout_s
-            )
-            result = futures[group].result()
+        consumer = self._group_consumer(group)
+        try:
+            with _wrapped(f"reading the committed offsets of group {group!r}"):
+                result = self._committed_of(consumer, tps)
+        finally:
+            consumer.close()
         out: dict[str, int | None] = {}
-        for tp in result.topic_partitions:
+        for tp in result:
             if tp.error is not None:
                 raise StreamError(
                     f"committed offset of {shard_id(tp.topic, tp.partition)} in group {group!r}: {tp.error.str()}"
                 ) from KafkaException(tp.error)
             out[shard_id(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
         return {s: out.get(s) for s in shards}
+
+    def _committed_of(self, consumer: Consumer, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """OffsetFetch, asked again while the group's coordinator moves or loads (a broker restarted, a new
+        ``__consumer_offsets`` partition), within the request timeout."""
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            try:
+                return list(consumer.committed(tps, timeout=max(0.5, deadline - time.monotonic())))
+            except KafkaException as exc:
+                if _error_code(exc) not in _COORDINATOR_MOVING or time.monotonic() + 0.2 > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _group_consumer(self, group: str) -> Consumer:
+        """An assign-only consumer of ``group``: it reads and commits the group's offsets, never joins it."""
+        return new_client(
+            Consumer,
+            {
+                **self.config.client_config(),
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            },
+        )
 
     def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
         """Mirror offsets into the group from an assign-only consumer, keeping the larger of stored and
@@ -557,18 +603,10 @@ class KafkaBackend:
         tps = {shard: self._topic_partition(shard) for shard in offsets}
         if not tps:
             return {}
-        consumer = new_client(
-            Consumer,
-            {
-                **self.config.client_config(),
-                "group.id": group,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-            },
-        )
+        consumer = self._group_consumer(group)
         try:
             with _wrapped(f"reading the committed offsets of group {group!r}"):
-                current = consumer.committed(list(tps.values()), timeout=self.request_timeout_s)
+                current = self._committed_of(consumer, list(tps.values()))
             stored = {shard_id(tp.topic, tp.partition): tp.offset for tp in current}
             effective = {s: max(offsets[s], stored.get(s, -1)) for s in offsets}
             advance = [self._topic_partition(s, offsets[s]) for s in offsets if offsets[s] > stored.get(s, -1)]
@@ -615,6 +653,11 @@ def _spec_latest() -> OffsetSpec:
 
 
 _UNKNOWN_PARTITION_CODES = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+_COORDINATOR_MOVING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
 _NO_RECORD_AT_TIME = -1
 """What ListOffsets answers for a time after every record (Kafka's -1)."""
 

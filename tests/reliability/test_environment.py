@@ -77,6 +77,26 @@ def test_watermarks_while_the_broker_hangs_are_an_error_never_a_negative_offset(
     assert backend.watermarks([f"{topic}:1"])[f"{topic}:1"].high == 6
 
 
+def test_a_watermark_read_that_timed_out_replaces_the_admin_client_and_the_next_tick_succeeds(
+    private_broker: BrokerInfo, sqlite_url: str
+) -> None:
+    """ListOffsets answers through futures read after the request was sent: their timeouts and transport errors
+    must drop the cached admin client too, or a client stuck on a broker that came back fails every tick."""
+    topic = _topic(private_broker)
+    produce_sample(private_broker.bootstrap, topic, 1, 20)
+    backend = kafka_backend(private_broker.bootstrap, topic)
+    member = member_of(SqlStateStore(sqlite_url), backend, "g")
+    [launch] = member.tick().new_launches
+    member.commit(report_of(launch))
+    stuck = backend.admin
+    with paused(private_broker.pid), pytest.raises(StreamError, match=f"watermarks of {topic}:0"):
+        backend.watermarks([f"{topic}:0"])  # the partitions are listed from metadata the client already has
+    assert backend._admin is None or backend._admin is not stuck, "the client whose requests timed out is kept"
+    more = produce_records(private_broker.bootstrap, topic, 0, [b"after-1", b"after-2"])
+    [after] = member.tick().new_launches
+    assert (after.start, after.end) == (launch.end, more[-1] + 1)
+
+
 def test_a_range_read_cut_by_a_hanging_broker_fails_and_is_retried_with_the_same_offsets(
     private_broker: BrokerInfo, sqlite_url: str
 ) -> None:

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from dagster_streamgroup.local.kafka_data import produce_or_wait, produce_records, produce_sample
+from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.stores.memory import MemoryStore
@@ -169,8 +169,6 @@ def test_commits_are_visible_to_kafka_lag_tools(kafka_bootstrap: str, kafka_topi
     backend.commit(group, {f"{topic}:0": 4, f"{topic}:1": 0})
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
     try:
-        from confluent_kafka import TopicPartition
-
         seen = consumer.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
     finally:
         consumer.close()
@@ -244,30 +242,24 @@ def test_a_commit_into_a_group_with_live_subscribers_is_rejected(
         member.close()
 
 
-def test_retention_loss_raises_offset_out_of_range_on_a_trimming_broker() -> None:
-    """The local broker cannot trim a log (no DeleteRecords, no retention), so this runs against librdkafka's
-    built-in mock cluster: a real Kafka-protocol broker in this process that keeps only its newest segments."""
-    producer = Producer({"test.mock.num.brokers": 1, "linger.ms": 5})
-    metadata = producer.list_topics(timeout=10)
-    broker = next(iter(metadata.brokers.values()))
-    bootstrap = f"{broker.host}:{broker.port}"
-    for i in range(120_000):
-        produce_or_wait(producer, "trimmed", b"x" * 100, partition=0)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    assert producer.flush(30) == 0
-    config = {"bootstrap.servers": bootstrap}
-    probe = Consumer({**config, "group.id": "probe"})
-    from confluent_kafka import TopicPartition
-
-    low, high = probe.get_watermark_offsets(TopicPartition("trimmed", 0), timeout=10, cached=False)
-    probe.close()
-    assert low > 0, "the mock cluster did not trim; the test cannot show retention loss"
+def test_retention_loss_raises_offset_out_of_range(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+    """Records below the log start offset (DeleteRecords, as retention would) are gone: a range that starts
+    there fails with the low watermark and the lost offsets, never silently from the first record left."""
+    topic = kafka_topics(1)
+    ends = produce_sample(kafka_bootstrap, topic, 1, 1_000, value_size=10)
+    high = ends[0]
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 600)]).values():
+        future.result(30)
+    backend = _backend(kafka_bootstrap, topic)
+    mark = backend.watermarks([f"{topic}:0"])[f"{topic}:0"]
+    assert (mark.low, mark.high) == (600, high)
+    config = {"bootstrap.servers": kafka_bootstrap}
     with pytest.raises(OffsetOutOfRangeError) as caught:
-        list(read_ranges(config, [PartitionRange("trimmed", 0, 0, high)]))
-    assert caught.value.low == low
-    assert f"[0, {low})" in str(caught.value)
-    assert sum(b.num_rows for b in read_ranges(config, [PartitionRange("trimmed", 0, low, high)])) == high - low
+        list(read_ranges(config, [PartitionRange(topic, 0, 0, high)]))
+    assert caught.value.low == 600
+    assert "[0, 600)" in str(caught.value)
+    assert sum(b.num_rows for b in read_ranges(config, [PartitionRange(topic, 0, 600, high)])) == high - 600
 
 
 def test_an_admin_client_whose_request_failed_is_replaced(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
