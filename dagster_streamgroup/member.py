@@ -177,6 +177,7 @@ class GroupMember:
     def tick(self, recorded: Collection[str] = ()) -> TickReport:
         """Heartbeat, evict, rebalance, and plan the next ranges, in one CAS write; the committed runs of
         ``recorded`` (run keys) are confirmed recorded in the orchestrator in the same write."""
+        self.backend.check_group(self.group)
         shard_ids = self.backend.shards()
         self._watermarks = {}
         before: dict[str, GroupState | None] = {}

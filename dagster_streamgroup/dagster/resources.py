@@ -310,6 +310,11 @@ class KafkaStreamGroup(StreamGroupResource):
     ssl_key_password: str | None = Field(default=None, repr=False, description="Use EnvVar.")
     ssl_key_password_file: str | None = None
     secret_path: str | None = Field(default=None, description="Directory where secret files are mounted.")
+    adopt_group_offsets: bool = Field(
+        default=False,
+        description="Take over a Kafka consumer group of the same name that another application owns (its "
+        "consumers stopped): start from its offsets and advance them. Off: such a group is refused.",
+    )
 
     @model_validator(mode="after")
     def _check_kafka_fields(self) -> KafkaStreamGroup:

@@ -67,6 +67,11 @@ class CommitRejectedError(StreamError):
     """The backend refused the offset commit (for Kafka: the group has live subscribe() members)."""
 
 
+class ForeignGroupError(StreamError):
+    """Another application's consumers hold, or own, a group of the same name in the stream: our members must
+    launch nothing, or that application's offsets move under it."""
+
+
 @runtime_checkable
 class StreamBackend(Protocol):
     @property
@@ -87,6 +92,10 @@ class StreamBackend(Protocol):
 
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
         """The group's offsets as mirrored in the backend (``None`` where nothing was committed)."""
+        ...
+
+    def check_group(self, group: str) -> None:
+        """Raise ``ForeignGroupError`` when another application holds or owns ``group`` in the stream."""
         ...
 
     def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:

@@ -31,6 +31,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from dagster_streamgroup.streams.base import (
     CommitRejectedError,
+    ForeignGroupError,
     OffsetOutOfRangeError,
     RangeIncompleteError,
     StreamError,
@@ -591,6 +592,34 @@ class KafkaBackend:
                 "enable.auto.offset.store": False,
             },
         )
+
+    def check_group(self, group: str) -> None:
+        """Refuse a Kafka consumer group of the same name that another application's consumers hold (live
+        members, classic or KIP-848 protocol) or own (a protocol type: its consumers are stopped and its offsets
+        are theirs), as the v3io-go guard refuses a Nuclio group. Our own mirror commits from assign-only
+        consumers, which leave a group with no protocol type. ``adopt_group_offsets`` lets an owned, empty group
+        through: the user chose to take its offsets over."""
+        _check_group(group)
+        with self._admin_call(f"describing consumer group {group!r}"):
+            futures = self.admin.describe_consumer_groups([group], request_timeout=self.request_timeout_s)
+            description = futures[group].result()
+        members = sorted(str(m.member_id) for m in description.members or [])
+        kind = getattr(description.type, "name", str(description.type))
+        state = getattr(description.state, "name", str(description.state))
+        if members:
+            raise ForeignGroupError(
+                f"group {group!r}: Kafka consumer group {group!r} has live members of another application "
+                f"({kind} protocol, state {state}, members {', '.join(members)}); this group launches nothing "
+                "while they consume. Stop them, or give this stream group another name (group)."
+            )
+        owned = not description.is_simple_consumer_group and state not in {"DEAD", "UNKNOWN"}
+        if owned and not self.config.adopt_group_offsets:
+            raise ForeignGroupError(
+                f"group {group!r}: Kafka consumer group {group!r} belongs to another application ({kind} "
+                f"protocol, state {state}, no members now): its committed offsets are that application's, and "
+                "mirroring ours into it would make it skip records when it restarts. Use another name (group), "
+                "or set adopt_group_offsets=True to start from its offsets and take the group over."
+            )
 
     def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
         """Mirror offsets into the group from an assign-only consumer, keeping the larger of stored and

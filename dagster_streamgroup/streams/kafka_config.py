@@ -138,6 +138,12 @@ class KafkaStreamConfig(BaseModel):
         default=None,
         description="Directory where secrets are mounted; relative *_file/*_location paths are resolved in it.",
     )
+    adopt_group_offsets: bool = Field(
+        default=False,
+        description="Take over a Kafka consumer group of the same name that another application owns (it has a "
+        "protocol type, its consumers are stopped): start from its offsets and advance them. That application "
+        "then skips what we processed when it restarts, so this is off by default and the group is refused.",
+    )
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -408,6 +408,10 @@ class V3ioBackend:
             effective[shard] = max(stored, last_processed) + 1
         return effective
 
+    def check_group(self, group: str) -> None:
+        """Nothing to ask the stream: a v3io-go/Nuclio group keeps its state in the item the v3io store reads,
+        which refuses a foreign state object (``StateFormatError``) before any member acts."""
+
     def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
         number = parse_shard(shard)
         seconds, millis = divmod(max(timestamp_ms, 0), 1000)
