@@ -183,7 +183,7 @@ class GroupMember:
         before: dict[str, GroupState | None] = {}
 
         def transition(current: GroupState | None, now: float) -> tuple[GroupState, list[Launch]]:
-            base = current if current is not None else protocol.new_group(self.backend.stream_id, self.group, now)
+            base = current if current is not None else self._carried_over(now)
             before["state"] = current
             base = protocol.confirm_recorded(base, self.member_id, recorded)
             state = protocol.membership_step(base, self.member_id, now, self.policy, shard_ids)
@@ -193,6 +193,15 @@ class GroupMember:
         launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)
         assert stats.state is not None
         return self._report(before.get("state"), stats.state, launches, stats)
+
+    def _carried_over(self, now: float) -> GroupState:
+        """A new state, or the one an earlier version kept under the stream's old name, carried over once with
+        an event (the old object stays, untouched, for a rollback)."""
+        for old_stream in self.backend.legacy_stream_ids:
+            found, _ = self.store.load(state_key(old_stream, self.group))
+            if found is not None:
+                return protocol.carry_over(found, self.backend.stream_id, old_stream, now)
+        return protocol.new_group(self.backend.stream_id, self.group, now)
 
     def _report(self, old: GroupState | None, state: GroupState, launches: list[Launch], stats: CasStats) -> TickReport:
         owned = [sid for sid, s in state.shards.items() if s.owner == self.member_id]

@@ -150,6 +150,13 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         "where the daemon evaluates sensors in threads (sensors: use_threads in dagster.yaml), with more "
         "num_workers than member sensors; 0 turns it off.",
     )
+    mirror_keep_alive_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Each member commits its shards' mirrored offsets again this often, the unchanged ones too: "
+        "Kafka expires a member-less group's offsets offsets.retention.minutes (7 days) after their last commit, "
+        "and a group started again from the mirror would otherwise fall back to its seek policy.",
+    )
     max_attempts: int = Field(default=3, description="Runs of one range before it is parked or dead-lettered.")
     after_max_attempts: str = Field(
         default="park", description="park: stop the shard until unparked; dead_letter: record the range, move on."

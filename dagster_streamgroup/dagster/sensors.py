@@ -190,6 +190,7 @@ def evaluate_member_tick(
     events += _group_event_observations(target, report, before)
     events += repairs
     notes += _mirror_repaired(resource, report.state, repairs)
+    notes += _keep_mirror_alive(resource, report, cursor)
     summary = _summary(report, notes, time.monotonic() - started)
     context.log.info(summary)
     return dg.SensorResult(
@@ -429,6 +430,7 @@ class _Cursor:
     next tick confirms them in the group state."""
     partitions: str = ""
     """Digest of the shard set whose partitions exist (or were requested with this cursor)."""
+    mirror_kept_at: float = 0.0
 
     @classmethod
     def parse(cls, text: str | None) -> _Cursor:
@@ -443,6 +445,7 @@ class _Cursor:
                 dead_letters=int(raw.get("dead_letters", 0)),
                 repaired=tuple(str(k) for k in raw.get("repaired", ())),
                 partitions=str(raw.get("partitions", "")),
+                mirror_kept_at=float(raw.get("mirror_kept_at", 0.0)),
             )
         except (ValueError, TypeError, AttributeError):
             return cls()
@@ -455,6 +458,7 @@ class _Cursor:
                 "dead_letters": self.dead_letters,
                 "repaired": list(self.repaired),
                 "partitions": self.partitions,
+                "mirror_kept_at": self.mirror_kept_at,
             }
         )
 
@@ -601,6 +605,27 @@ def _mirror_repaired(
     return [f"mirrored the offsets of {len(offsets)} repaired range(s)"]
 
 
+def _keep_mirror_alive(resource: StreamGroupResource, report: TickReport, cursor: _Cursor) -> list[str]:
+    """Every ``mirror_keep_alive_s``, the mirrored offsets of this member's shards are committed again, so
+    Kafka's offset expiry never takes an idle partition's (the next tick tries again after a failure)."""
+    now = time.time()
+    if now - cursor.mirror_kept_at < resource.mirror_keep_alive_s:
+        return []
+    offsets = {
+        sid: shard.committed
+        for sid, shard in report.state.shards.items()
+        if sid in report.owned and shard.committed is not None
+    }
+    if not offsets:
+        return []
+    try:
+        resource.backend().keep_alive(resource.group, offsets)
+    except StreamError as exc:
+        return [f"keeping the mirrored offsets alive failed (the next tick tries again): {exc}"]
+    cursor.mirror_kept_at = now
+    return [f"mirrored offsets of {len(offsets)} shard(s) committed again"]
+
+
 OBSERVED_EVENTS = frozenset(
     {
         EventKind.DATA_LOSS,
@@ -609,6 +634,7 @@ OBSERVED_EVENTS = frozenset(
         EventKind.OFFSETS_AHEAD,
         EventKind.DRAIN_EXPIRED,
         EventKind.EVICTED,
+        EventKind.CARRIED_OVER,
     }
 )
 

@@ -50,7 +50,7 @@ from dagster_streamgroup.protocol.state import (
     ShardState,
     UnrecordedRun,
 )
-from dagster_streamgroup.protocol.tick import member_tick, membership_step, new_group, owned_idle_shards
+from dagster_streamgroup.protocol.tick import carry_over, member_tick, membership_step, new_group, owned_idle_shards
 
 __all__ = [
     "CommitOutcome",
@@ -74,6 +74,7 @@ __all__ = [
     "UnrecordedRun",
     "Watermark",
     "batch_run_key",
+    "carry_over",
     "commit",
     "commit_run",
     "confirm_recorded",

@@ -133,6 +133,7 @@ class EventKind(StrEnum):
     LEFT = "left"
     DRAIN_EXPIRED = "drain_expired"
     OFFSETS_AHEAD = "offsets_ahead"
+    CARRIED_OVER = "carried_over"
 
 
 @dataclass(frozen=True)

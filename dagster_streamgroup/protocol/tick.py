@@ -10,14 +10,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dagster_streamgroup.protocol.assignment import rebalance
-from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat
+from dagster_streamgroup.protocol.membership import add_events, evict_stale, expire_drains, heartbeat
 from dagster_streamgroup.protocol.planning import Launch, Watermark, plan, sync_shards
 from dagster_streamgroup.protocol.policy import GroupPolicy
-from dagster_streamgroup.protocol.state import GroupState
+from dagster_streamgroup.protocol.state import EventKind, GroupEvent, GroupState
 
 
 def new_group(stream: str, group: str, now: float) -> GroupState:
     return GroupState(stream=stream, group=group, created_at=now)
+
+
+def carry_over(state: GroupState, stream: str, old_stream: str, now: float) -> GroupState:
+    """The state an earlier version kept under the stream's old name, now under ``stream``: everything kept
+    (members, owners, epochs, offsets, ranges in flight, whose runs commit to the new name), with an event."""
+    event = GroupEvent(
+        kind=EventKind.CARRIED_OVER,
+        at=now,
+        detail=f"the group's state was carried over from the stream's earlier name {old_stream!r} to {stream!r}",
+    )
+    return add_events(state.model_copy(update={"stream": stream}), event)
 
 
 def membership_step(

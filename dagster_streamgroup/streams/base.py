@@ -67,9 +67,9 @@ class CommitRejectedError(StreamError):
     """The backend refused the offset commit (for Kafka: the group has live subscribe() members)."""
 
 
-class ForeignGroupError(StreamError):
-    """Another application's consumers hold, or own, a group of the same name in the stream: our members must
-    launch nothing, or that application's offsets move under it."""
+class ForeignGroupError(CommitRejectedError):
+    """Another application's consumers hold, or own, a group of the same name in the stream (Kafka consumers,
+    v3io-go/Nuclio): our members must launch nothing, or that application's offsets move under it."""
 
 
 @runtime_checkable
@@ -77,6 +77,11 @@ class StreamBackend(Protocol):
     @property
     def stream_id(self) -> str:
         """A stable name of the stream (cluster + topics, or container + path), part of the state key."""
+        ...
+
+    @property
+    def legacy_stream_ids(self) -> list[str]:
+        """Names earlier versions gave this stream: a state found under one of them is carried over once."""
         ...
 
     @property
@@ -102,6 +107,11 @@ class StreamBackend(Protocol):
         """Mirror the group's offsets into the backend, never moving one backwards.
 
         Returns the offsets in effect afterwards (the larger of the stored and the requested)."""
+        ...
+
+    def keep_alive(self, group: str, offsets: Mapping[str, int]) -> None:
+        """Record again mirrored offsets that the stream would otherwise forget, never moving one (Kafka expires a
+        member-less group's offsets ``offsets.retention.minutes`` after their last commit)."""
         ...
 
     def offset_for_time(self, shard: str, timestamp_ms: int) -> int:

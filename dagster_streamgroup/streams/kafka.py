@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
 from typing import Any, TypeVar, cast
@@ -405,16 +405,29 @@ class KafkaBackend:
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self._admin: AdminClient | None = None
+        self._cluster_id: str | None = None
 
     def __repr__(self) -> str:
-        return f"KafkaBackend({self.stream_id!r})"
+        return f"KafkaBackend({self.config.bootstrap_servers!r}, topics={self.config.topics!r})"
 
     @property
     def stream_id(self) -> str:
-        """Keys the group state: the cluster address and the topic set, in no particular order. A changed
-        bootstrap list keys a new state, whose shards start at the offsets mirrored into Kafka's group."""
+        """Keys the group state: the cluster, by its id, and the topic set, in no particular order. The id stays
+        when brokers are added, removed or reached by another name (a DNS alias, a load balancer), so none of
+        those starts a new state. Asked of the cluster once per backend."""
+        if self._cluster_id is None:
+            with self._admin_call("reading the cluster id"):
+                cluster = self.admin.describe_cluster(request_timeout=self.request_timeout_s).result()
+            if not cluster.cluster_id:
+                raise StreamError(f"the cluster at {self.config.bootstrap_servers} gave no cluster id")
+            self._cluster_id = str(cluster.cluster_id)
+        return f"kafka://cluster={self._cluster_id}/{','.join(sorted(self.config.topics))}"
+
+    @property
+    def legacy_stream_ids(self) -> list[str]:
+        """The key of versions that named the cluster by its bootstrap list."""
         servers = ",".join(sorted(s.strip().lower() for s in self.config.bootstrap_servers.split(",")))
-        return f"kafka://{servers}/{','.join(sorted(self.config.topics))}"
+        return [f"kafka://{servers}/{','.join(sorted(self.config.topics))}"]
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -570,12 +583,18 @@ class KafkaBackend:
         return {s: out.get(s) for s in shards}
 
     def _committed_of(self, consumer: Consumer, tps: list[TopicPartition]) -> list[TopicPartition]:
-        """OffsetFetch, asked again while the group's coordinator moves or loads (a broker restarted, a new
+        deadline = time.monotonic() + self.request_timeout_s
+        return self._while_coordinator_moves(
+            lambda: list(consumer.committed(tps, timeout=max(0.5, deadline - time.monotonic())))
+        )
+
+    def _while_coordinator_moves(self, call: Callable[[], R]) -> R:
+        """A group request, asked again while the group's coordinator moves or loads (a broker restarted, a new
         ``__consumer_offsets`` partition), within the request timeout."""
         deadline = time.monotonic() + self.request_timeout_s
         while True:
             try:
-                return list(consumer.committed(tps, timeout=max(0.5, deadline - time.monotonic())))
+                return call()
             except KafkaException as exc:
                 if _error_code(exc) not in _COORDINATOR_MOVING or time.monotonic() + 0.2 > deadline:
                     raise
@@ -600,9 +619,13 @@ class KafkaBackend:
         consumers, which leave a group with no protocol type. ``adopt_group_offsets`` lets an owned, empty group
         through: the user chose to take its offsets over."""
         _check_group(group)
-        with self._admin_call(f"describing consumer group {group!r}"):
+
+        def describe() -> Any:
             futures = self.admin.describe_consumer_groups([group], request_timeout=self.request_timeout_s)
-            description = futures[group].result()
+            return futures[group].result()
+
+        with self._admin_call(f"describing consumer group {group!r}"):
+            description = self._while_coordinator_moves(describe)
         members = sorted(str(m.member_id) for m in description.members or [])
         kind = getattr(description.type, "name", str(description.type))
         state = getattr(description.state, "name", str(description.state))
@@ -621,10 +644,18 @@ class KafkaBackend:
                 "or set adopt_group_offsets=True to start from its offsets and take the group over."
             )
 
-    def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
+    def keep_alive(self, group: str, offsets: Mapping[str, int]) -> None:
+        """Commit the mirrored offsets again, the unchanged ones too: Kafka expires each partition's offset of a
+        group without members ``offsets.retention.minutes`` (7 days by default) after its last commit, so an
+        idle partition would lose its mirror, and a group started again from the mirror (a lost state store)
+        would fall back to its seek policy."""
+        self.commit(group, offsets, refresh=True)
+
+    def commit(self, group: str, offsets: Mapping[str, int], *, refresh: bool = False) -> dict[str, int]:
         """Mirror offsets into the group from an assign-only consumer, keeping the larger of stored and
-        requested per shard. Kafka has no conditional commit, so a concurrent committer could still race
-        between our read and our write; the group's fenced state object remains the source of truth."""
+        requested per shard (``refresh``: an equal one is committed again). Kafka has no conditional commit, so
+        a concurrent committer could still race between our read and our write; the group's fenced state
+        object remains the source of truth."""
         _check_group(group)
         for shard, offset in offsets.items():
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -638,7 +669,11 @@ class KafkaBackend:
                 current = self._committed_of(consumer, list(tps.values()))
             stored = {shard_id(tp.topic, tp.partition): tp.offset for tp in current}
             effective = {s: max(offsets[s], stored.get(s, -1)) for s in offsets}
-            advance = [self._topic_partition(s, offsets[s]) for s in offsets if offsets[s] > stored.get(s, -1)]
+            advance = [
+                self._topic_partition(s, offsets[s])
+                for s in offsets
+                if offsets[s] > stored.get(s, -1) or (refresh and offsets[s] == stored.get(s, -1))
+            ]
             if advance:
                 try:
                     results = consumer.commit(offsets=advance, asynchronous=False)
@@ -691,6 +726,7 @@ _NO_RECORD_AT_TIME = -1
 """What ListOffsets answers for a time after every record (Kafka's -1)."""
 
 C = TypeVar("C", Consumer, AdminClient)
+R = TypeVar("R")
 
 
 def new_client(kind: type[C], config: Mapping[str, Any]) -> C:

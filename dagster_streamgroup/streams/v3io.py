@@ -27,6 +27,7 @@ from v3io.dataplane.response import HttpResponseError
 from dagster_streamgroup.protocol.state import STATE_KIND
 from dagster_streamgroup.streams.base import (
     CommitRejectedError,
+    ForeignGroupError,
     OffsetOutOfRangeError,
     RangeIncompleteError,
     StreamError,
@@ -56,10 +57,6 @@ STATE_ATTRIBUTE = "state"
 """Where v3io-go keeps a group's state in its state item (and our v3io store keeps ours)."""
 STATE_KIND_ATTRIBUTE = "state_kind"
 """Marks the state items our v3io store writes (``stores/v3io.py``)."""
-
-
-class ForeignGroupError(CommitRejectedError):
-    """A consumer group of this name is kept next to the stream by other consumers (v3io-go/Nuclio)."""
 
 
 def group_state_item(group: str) -> str:
@@ -302,6 +299,10 @@ class V3ioBackend:
         return self.config.stream_id
 
     @property
+    def legacy_stream_ids(self) -> list[str]:
+        return []
+
+    @property
     def arrow_schema(self) -> pa.Schema:
         return V3IO_ARROW_SCHEMA
 
@@ -408,9 +409,11 @@ class V3ioBackend:
             effective[shard] = max(stored, last_processed) + 1
         return effective
 
+    def keep_alive(self, group: str, offsets: Mapping[str, int]) -> None:
+        """Nothing to do: a shard attribute does not expire."""
+
     def check_group(self, group: str) -> None:
-        """Nothing to ask the stream: a v3io-go/Nuclio group keeps its state in the item the v3io store reads,
-        which refuses a foreign state object (``StateFormatError``) before any member acts."""
+        self.check_group_is_ours(group, before="a member tick")
 
     def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
         number = parse_shard(shard)
