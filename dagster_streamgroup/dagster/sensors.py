@@ -609,6 +609,9 @@ def _keep_mirror_alive(resource: StreamGroupResource, report: TickReport, cursor
     """Every ``mirror_keep_alive_s``, the mirrored offsets of this member's shards are committed again, so
     Kafka's offset expiry never takes an idle partition's (the next tick tries again after a failure)."""
     now = time.time()
+    if not cursor.mirror_kept_at:  # a member's first tick: its runs mirror what they commit
+        cursor.mirror_kept_at = now
+        return []
     if now - cursor.mirror_kept_at < resource.mirror_keep_alive_s:
         return []
     offsets = {
