@@ -67,5 +67,5 @@ fi
 
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
   echo "setup: installing PostgreSQL server binaries"
-  apt_install postgresql postgresql || echo "setup: PostgreSQL tests will be skipped" >&2
+  apt_install postgresql postgresql || echo "setup: PostgreSQL could not be installed; scripts/test.sh will fail without it" >&2
 fi

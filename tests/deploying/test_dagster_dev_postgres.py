@@ -21,6 +21,7 @@ from psycopg import sql
 from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
 from dagster_streamgroup.local.dagster_storage import PASSWORD_ENV
 from dagster_streamgroup.local.postgres import PostgresNotFoundError, find_server_binaries
+from tests.fixtures.required import missing
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,7 +39,7 @@ def work_dir() -> Iterator[Path]:
     try:
         find_server_binaries()
     except PostgresNotFoundError as exc:
-        pytest.skip(f"PostgreSQL server binaries not found (install Debian's postgresql package): {exc}")
+        missing("postgres", f"PostgreSQL server binaries not found (Debian's postgresql package): {exc}")
     with tempfile.TemporaryDirectory(prefix="streamgroup-deploying-") as tmp:
         yield Path(tmp)
 

@@ -28,6 +28,7 @@ from dagster_streamgroup.local.dagster_storage import (
     storage_kind,
 )
 from dagster_streamgroup.local.postgres import PostgresNotFoundError, find_server_binaries
+from tests.fixtures.required import missing as required_missing
 
 DB = PostgresInstanceDb(hostname="127.0.0.1", port=5433, db_name="dagster", username="dagster")
 
@@ -144,7 +145,7 @@ def test_the_examples_server_process(tmp_path: Path) -> None:
     try:
         find_server_binaries()
     except PostgresNotFoundError as exc:
-        pytest.skip(f"PostgreSQL server binaries not found: {exc}")
+        required_missing("postgres", f"PostgreSQL server binaries not found: {exc}")
     command = [sys.executable, "-m", "dagster_streamgroup.local.dagster_storage", "--home", str(tmp_path / "home")]
     command += ["--base", str(ROOT / "dagster.yaml")]
     missing = subprocess.run(

@@ -60,12 +60,7 @@ def test_partitions_added_later_appear_as_new_shards(kafka_bootstrap: str, kafka
     backend = _backend(kafka_bootstrap, topic)
     assert backend.shards() == [f"{topic}:0", f"{topic}:1"]
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    try:
-        admin.create_partitions([NewPartitions(topic, 4)])[topic].result()
-    except KafkaException as exc:
-        if exc.args[0].code() in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
-            pytest.skip(f"the broker cannot add partitions (CreatePartitions unsupported): {exc.args[0].str()}")
-        raise
+    admin.create_partitions([NewPartitions(topic, 4)])[topic].result()
     deadline = time.monotonic() + 10
     while len(backend.shards()) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
