@@ -19,6 +19,7 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.protocol import (
     CommitOutcome,
+    EventKind,
     FailOutcome,
     GroupEvent,
     GroupPolicy,
@@ -29,7 +30,7 @@ from dagster_streamgroup.protocol import (
     Watermark,
 )
 from dagster_streamgroup.stores.base import StateStore, state_key
-from dagster_streamgroup.streams.base import StreamBackend
+from dagster_streamgroup.streams.base import StreamBackend, StreamError
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,27 @@ class GroupMember:
 
         launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)
         assert stats.state is not None
-        return self._report(before.get("state"), stats.state, launches, stats)
+        report = self._report(before.get("state"), stats.state, launches, stats)
+        self._mirror_skipped(report)
+        return report
+
+    def _mirror_skipped(self, report: TickReport) -> None:
+        """A shard that skipped lost records (``on_data_loss="earliest"``) moved its committed offset without a
+        run: mirror it now, as a Kafka consumer commits after such a reset, or lag tools would show a backlog
+        of records that no longer exist until the shard's next commit. Best effort, as a run's mirror is."""
+        moved = {
+            e.shard: committed
+            for e in report.new_events
+            if e.kind == EventKind.DATA_LOSS
+            and e.shard in report.state.shards
+            and report.state.shards[e.shard].parked is None
+            and (committed := report.state.shards[e.shard].committed) is not None
+        }
+        if moved:
+            try:
+                self.backend.commit(self.group, moved)
+            except StreamError as exc:
+                log.warning("mirroring the offsets of %s after a retention skip failed: %s", sorted(moved), exc)
 
     def _carried_over(self, now: float) -> GroupState:
         """A new state, or the one an earlier version kept under the stream's old name, carried over once with

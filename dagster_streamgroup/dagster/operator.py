@@ -7,6 +7,7 @@ API, so they are ordinary Dagster backfills: visible in the UI, queued under the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import runpy
 import sys
@@ -24,7 +25,7 @@ from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupState
-from dagster_streamgroup.streams.base import Watermarks, open_transaction_text
+from dagster_streamgroup.streams.base import StreamError, Watermarks, open_transaction_text
 
 
 class OperatorError(Exception):
@@ -123,7 +124,11 @@ def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:
             return current, False
         return protocol.unpark(current, shard, now, skip=skip), True
 
-    changed, _ = update_state(resource.store(), resource.state_key(), transition)
+    changed, stats = update_state(resource.store(), resource.state_key(), transition)
+    committed = None if stats.state is None or shard not in stats.state.shards else stats.state.shards[shard].committed
+    if changed and skip and committed is not None:
+        with contextlib.suppress(StreamError):  # best effort: the shard's next commit mirrors it anyway
+            resource.backend().commit(resource.group, {shard: committed})
     return changed
 
 

@@ -263,14 +263,19 @@ class LocalKafka:
             reason = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise BrokerStartError(f"formatting the broker's data directory failed: {reason[0]}")
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start the broker (formatting its data directory the first time) and wait until it answers."""
+    def start(self, timeout_s: float = 60.0, *, die_with_parent: bool = False) -> None:
+        """Start the broker (formatting its data directory the first time) and wait until it answers.
+
+        ``die_with_parent``: the kernel kills the broker when the thread that started it ends, so a test
+        process that crashes (a segfault, SIGKILL) leaves no broker behind; only for a broker whose starter
+        outlives it in the same thread (``running_broker``)."""
         self.format()
         config = self._write_config()
         started = time.monotonic()
+        command = self._java("kafka.Kafka", str(config), heap_mb=self.heap_mb)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                self._java("kafka.Kafka", str(config), heap_mb=self.heap_mb),
+                [*(_DIE_WITH_PARENT if die_with_parent else []), *command],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         try:
@@ -305,6 +310,12 @@ class LocalKafka:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGCONT)
+
+
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT = [_SETPRIV, "--pdeathsig", "SIGKILL", "--"] if _SETPRIV else []
+"""util-linux's ``setpriv`` sets ``PR_SET_PDEATHSIG`` and execs the broker in its place (where it is missing,
+a crashed starter leaves its broker running)."""
 
 
 def wait_until_answering(bootstrap: str, timeout_s: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -401,7 +412,7 @@ def running_broker(
                 properties=dict(properties or {}), fast_housekeeping=fast_housekeeping, heap_mb=heap_mb,
             )  # fmt: skip
             try:
-                broker.start(start_timeout_s)
+                broker.start(start_timeout_s, die_with_parent=True)
             except KafkaNotInstalledError:
                 raise
             except BrokerStartError:

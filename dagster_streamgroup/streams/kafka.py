@@ -130,6 +130,35 @@ def reader_config(client_config: Mapping[str, PropertyValue]) -> dict[str, Prope
     return config
 
 
+class ClientErrors:
+    """librdkafka's client-level errors (``error_cb``): a refused SASL login or an untrusted certificate never
+    reaches the failing call, which only says the brokers are down. Served by ``poll()`` after a failure."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+
+    def __call__(self, err: KafkaError) -> None:
+        self.codes = [*self.codes[-4:], int(err.code())]
+
+    def hint(self, client: Consumer | AdminClient | None) -> str:
+        """What the user should check, naming the configuration field, or ``""``."""
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.poll(0)
+        codes, self.codes = set(self.codes), []
+        if KafkaError._AUTHENTICATION in codes:
+            return (
+                "the broker refused the SASL login: check sasl_username and sasl_password (or sasl_password_file) "
+                "and sasl_mechanism"
+            )
+        if KafkaError._SSL in codes:
+            return (
+                "the TLS handshake with the broker failed: its certificate is not trusted with ssl_ca_location (or "
+                "its name does not match bootstrap_servers)"
+            )
+        return ""
+
+
 def _constant_strings(value: str, n: int) -> pa.Array:
     data = value.encode()
     offsets = np.arange(0, (n + 1) * len(data), len(data), dtype=np.int32) if data else np.zeros(n + 1, np.int32)
@@ -315,11 +344,13 @@ def read_ranges(
     single = progress[0] if len(progress) == 1 else None
 
     client_errors: list[str] = []
+    credentials = ClientErrors()
 
     def on_error(err: KafkaError) -> None:
         # Client-level errors (a record larger than receive.message.max.bytes, a refused SASL login, a broker
         # gone) never reach consume(): kept so that a stalled range can say what the client saw.
         client_errors[:] = [*client_errors[-2:], str(err.str())]
+        credentials(err)
 
     consumer = new_client(Consumer, {**reader_config(client_config), "error_cb": on_error})
     try:
@@ -328,7 +359,10 @@ def read_ranges(
             try:
                 low, _high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
             except KafkaException as exc:
-                raise StreamError(f"{p.range.shard}: cannot read its watermarks: {exc.args[0].str()}") from exc
+                hint = credentials.hint(consumer)
+                raise StreamError(
+                    f"{p.range.shard}: cannot read its watermarks: {exc.args[0].str()}" + (f"; {hint}" if hint else "")
+                ) from exc
             if p.range.start < low:
                 raise OffsetOutOfRangeError(p.range.shard, p.range.start, low)
         consumer.assign([TopicPartition(p.range.topic, p.range.partition, p.range.start) for p in progress])
@@ -365,7 +399,10 @@ def read_ranges(
                 msgs = data
             if not msgs:
                 if now - last_progress > stall_timeout_s:
-                    raise RangeIncompleteError(_describe_incomplete(progress, now - last_progress, client_errors))
+                    hint = credentials.hint(None)
+                    raise RangeIncompleteError(
+                        _describe_incomplete(progress, now - last_progress, [*client_errors, *([hint] if hint else [])])
+                    )
                 continue
             last_progress = now
             batch = _BatchIndex.of(msgs, single, single_topic)
@@ -405,6 +442,7 @@ class KafkaBackend:
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self._admin: AdminClient | None = None
+        self._admin_errors = ClientErrors()
         self._cluster_id: str | None = None
 
     def __repr__(self) -> str:
@@ -436,7 +474,7 @@ class KafkaBackend:
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = new_client(AdminClient, self.config.client_config())
+            self._admin = new_client(AdminClient, {**self.config.client_config(), "error_cb": self._admin_errors})
         return self._admin
 
     @contextlib.contextmanager
@@ -448,8 +486,11 @@ class KafkaBackend:
         try:
             with _wrapped(what):
                 yield
-        except StreamError:
+        except StreamError as exc:
+            hint = self._admin_errors.hint(self._admin)
             self._admin = None
+            if hint:
+                raise StreamError(f"{exc}; {hint}") from exc.__cause__
             raise
 
     def _topic_partition(self, shard: str, offset: int | None = None) -> TopicPartition:

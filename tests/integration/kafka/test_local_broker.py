@@ -127,3 +127,20 @@ def test_sample_data_ends_each_partition_so_watermarks_are_exact(
     backend = KafkaBackend(KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic]))
     marks = backend.watermarks(backend.shards())
     assert {int(s.rsplit(":", 1)[1]): m.high for s, m in marks.items()} == ends
+
+
+def test_a_broker_dies_with_the_process_that_started_it() -> None:
+    """A test process that crashes (a segfault in a client library, SIGKILL) must leave no broker running."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os\nfrom dagster_streamgroup.local.kafka_broker import running_broker\n"
+        "with running_broker() as broker:\n    print(broker.pid, flush=True)\n    os.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    pid = int(done.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"broker {pid} outlived the process that started it"
+        time.sleep(0.1)
