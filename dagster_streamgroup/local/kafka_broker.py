@@ -154,6 +154,11 @@ class LocalKafka:
     fast_housekeeping: bool = True
     properties: Mapping[str, str] = field(default_factory=dict)
     """Broker properties that override ours (``offsets.retention.minutes``, ...)."""
+    node_id: int = 1
+    voters: str | None = None
+    """A cluster's static controller quorum (``1@host:port,2@host:port,...``, ``local_cluster``); none: this
+    node alone (``--standalone``)."""
+    cluster_id: str = field(default_factory=new_cluster_id)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     startup_s: float | None = None
     ca_file: Path | None = None
@@ -188,13 +193,14 @@ class LocalKafka:
         )  # fmt: skip
 
     def server_properties(self) -> dict[str, str]:
+        replicas = 1 if self.voters is None else len(self.voters.split(","))
+        min_isr = max(1, replicas - 1)
         listeners = {"PLAINTEXT": self.port, "CONTROLLER": self.controller_port}
         if self.sasl_port is not None:
             listeners["SASL_SSL"] = self.sasl_port
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"{self.host}:{self.controller_port}",
+            "node.id": str(self.node_id),
             "listeners": ",".join(f"{name}://{self.host}:{port}" for name, port in listeners.items()),
             "advertised.listeners": ",".join(
                 f"{name}://{self.host}:{port}" for name, port in listeners.items() if name != "CONTROLLER"
@@ -206,15 +212,20 @@ class LocalKafka:
             ),
             "log.dirs": str(self.data_dir / "log"),
             "num.partitions": "1",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": str(replicas),
             "offsets.topic.num.partitions": "8",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(replicas),
+            "transaction.state.log.min.isr": str(min_isr),
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": str(replicas),
+            "share.coordinator.state.topic.min.isr": str(min_isr),
             "group.initial.rebalance.delay.ms": "0",
         }
+        if self.voters is None:
+            props["controller.quorum.bootstrap.servers"] = f"{self.host}:{self.controller_port}"
+        else:
+            props |= {"controller.quorum.voters": self.voters, "default.replication.factor": str(replicas)}
+            props["min.insync.replicas"] = str(min_isr)
         if self.sasl_port is not None:
             assert self.ca_file is not None
             prefix = "listener.name.sasl_ssl."
@@ -251,7 +262,9 @@ class LocalKafka:
         if (self.data_dir / "log" / "meta.properties").is_file():
             return
         config = self._write_config()
-        args = ["format", "--config", str(config), "--cluster-id", new_cluster_id(), "--standalone"]
+        args = ["format", "--config", str(config), "--cluster-id", self.cluster_id]
+        if self.voters is None:
+            args.append("--standalone")
         for name, password in self.sasl_users.items():
             args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
         done = subprocess.run(
@@ -424,6 +437,43 @@ def running_broker(
             finally:
                 broker.stop()
             return
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int = 3, *, start_timeout_s: float = 120.0, heap_mb: int = 384) -> Iterator[list[LocalKafka]]:
+    """A KRaft cluster of ``nodes`` combined broker-controllers on 127.0.0.1 (a static quorum, one cluster id),
+    for failover tests: topics default to ``nodes`` replicas with ``min.insync.replicas`` one less."""
+    with tempfile.TemporaryDirectory(prefix="streamgroup-kafka-cluster-") as tmp:
+        cluster_id = new_cluster_id()
+        controller_ports = [free_port() for _ in range(nodes)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(controller_ports))
+        brokers = [
+            LocalKafka(
+                Path(tmp) / f"node-{i + 1}",
+                node_id=i + 1,
+                controller_port=port,
+                voters=voters,
+                cluster_id=cluster_id,
+                heap_mb=heap_mb,
+            )
+            for i, port in enumerate(controller_ports)
+        ]
+        try:
+            for broker in brokers:
+                broker.format()
+            for broker in brokers:  # the quorum elects a leader once a majority runs: start without waiting
+                command = broker._java("kafka.Kafka", str(broker._write_config()), heap_mb=broker.heap_mb)
+                with broker.log_path.open("ab") as log:
+                    broker.proc = subprocess.Popen(
+                        [*_DIE_WITH_PARENT, *command],
+                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    )  # fmt: skip
+            for broker in brokers:
+                wait_until_answering(broker.bootstrap, start_timeout_s, broker.proc)
+            yield brokers
+        finally:
+            for broker in brokers:  # a clean stop of the last node would wait for a quorum that is gone
+                broker.kill()
 
 
 def serve(host: str, port: int, *, data_dir: Path | None = None, sasl_users: Mapping[str, str] | None = None) -> None:
