@@ -1,7 +1,20 @@
-"""The Dagster surface: group resources, member sensors, the stream asset, checks, backfill helpers."""
+"""The Dagster surface: group resources, member sensors, the stream asset, checks, backfill helpers, components."""
 
-from dagster_streamgroup.dagster.assets import CommitRefusedError, StreamRange, range_of, ranges_of, stream_asset
+from dagster_streamgroup.dagster.assets import (
+    CommitRefusedError,
+    StreamRange,
+    freshness_windows,
+    range_of,
+    ranges_of,
+    stream_asset,
+    stream_freshness_policy,
+)
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
+from dagster_streamgroup.dagster.component import (
+    KafkaStreamGroupComponent,
+    StreamGroupComponent,
+    V3ioStreamGroupComponent,
+)
 from dagster_streamgroup.dagster.definitions import stream_definitions
 from dagster_streamgroup.dagster.resources import (
     KafkaStreamGroup,
@@ -18,11 +31,15 @@ __all__ = [
     "PARKED_CHECK",
     "CommitRefusedError",
     "KafkaStreamGroup",
+    "KafkaStreamGroupComponent",
+    "StreamGroupComponent",
     "StreamGroupConfigError",
     "StreamGroupResource",
     "StreamRange",
     "StreamSparkResource",
     "V3ioStreamGroup",
+    "V3ioStreamGroupComponent",
+    "freshness_windows",
     "member_sensor_names",
     "member_sensors",
     "prepare_spark_environment",
@@ -30,4 +47,5 @@ __all__ = [
     "ranges_of",
     "stream_asset",
     "stream_definitions",
+    "stream_freshness_policy",
 ]

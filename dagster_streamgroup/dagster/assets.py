@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -21,7 +22,7 @@ import dagster as dg
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, parked_check_result
 from dagster_streamgroup.dagster.liveness import RunHeartbeat
-from dagster_streamgroup.dagster.resources import StreamGroupResource
+from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupState, RangeReport
 from dagster_streamgroup.streams.base import StreamError
@@ -93,6 +94,41 @@ def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
     return only.shard, only.start, only.end
 
 
+FRESHNESS_MARGIN_S = 60.0
+"""What a run takes beyond the group's own waits (queueing, a process, a Spark session, the read, the commit)."""
+
+FRESHNESS_FLOOR_S = 60.0
+"""Dagster refuses a freshness window shorter than a minute (``TimeWindowFreshnessPolicy``)."""
+
+
+def freshness_windows(
+    max_wait_s: float, heartbeat_interval_s: float, margin_s: float = FRESHNESS_MARGIN_S
+) -> tuple[timedelta, timedelta]:
+    """(warn, fail) after the latest materialization: a waiting backlog is launched once it has waited
+    ``max_wait_s``, at the member's next tick (every heartbeat, and every 5 s at the fastest, as Dagster's daemon
+    ticks sensors), so a group that works materializes within ``max_wait_s`` + 2 ticks + what a run takes
+    (``margin_s``), and at least every minute's window Dagster allows; it fails at twice the warning."""
+    if max_wait_s < 0 or heartbeat_interval_s <= 0 or margin_s < 0:
+        raise ValueError(
+            f"freshness: max_wait_s ({max_wait_s:g}) and margin_s ({margin_s:g}) must be >= 0 and "
+            f"heartbeat_interval_s ({heartbeat_interval_s:g}) > 0"
+        )
+    warn = max(FRESHNESS_FLOOR_S, max_wait_s + 2 * max(heartbeat_interval_s, DAEMON_LOOP_S) + margin_s)
+    return timedelta(seconds=warn), timedelta(seconds=2 * warn)
+
+
+def stream_freshness_policy(group: StreamGroupResource, *, margin_s: float = FRESHNESS_MARGIN_S) -> dg.FreshnessPolicy:
+    """A Dagster ``FreshnessPolicy`` from ``group``'s latency settings (``freshness_windows``), for
+    ``stream_asset(..., freshness_policy=...)``: Dagster's freshness daemon then marks the asset WARN, then FAIL,
+    when the group stops materializing.
+
+    Opt-in, because Dagster judges freshness by the asset's latest materialization of any partition: a stream
+    that carries nothing (zero lag, nothing to commit) goes stale as surely as a group whose members stopped. Use it
+    on streams that always carry records, or read WARN/FAIL as "nothing processed for that long"."""
+    warn, fail = freshness_windows(group.max_wait_s, group.heartbeat_interval_s, margin_s)
+    return dg.FreshnessPolicy.time_window(fail_window=fail, warn_window=warn)
+
+
 def stream_asset(
     *,
     group: str,
@@ -103,6 +139,7 @@ def stream_asset(
     description: str | None = None,
     group_name: str | None = None,
     kinds: set[str] | None = None,
+    freshness_policy: dg.FreshnessPolicy | None = None,
     **asset_kwargs: Any,
 ) -> Callable[[StreamFn], dg.AssetsDefinition]:
     """Turn ``fn(context, df) -> metadata | None`` into the stream asset of consumer group ``group``.
@@ -110,7 +147,8 @@ def stream_asset(
     ``df`` holds every range of the run (``ranges_of(context)`` lists them; the shard columns, ``topic`` and
     ``partition`` for Kafka, ``shard`` for v3io, tell their rows apart). ``resource_key`` names a
     ``StreamGroupResource`` (e.g. ``KafkaStreamGroup``) whose ``group`` is ``group``; ``spark_resource_key`` a
-    dagster-pyspark resource (``StreamSparkResource``)."""
+    dagster-pyspark resource (``StreamSparkResource``). ``freshness_policy``: none by default (an idle stream
+    would go stale); ``stream_freshness_policy(group_resource)`` derives one from the group's latency settings."""
 
     def decorate(fn: StreamFn) -> dg.AssetsDefinition:
         asset_name = name or fn.__name__
@@ -132,6 +170,7 @@ def stream_asset(
             description=description or fn.__doc__ or f"Offset ranges of consumer group {group!r}.",
             group_name=group_name,
             kinds=kinds or {"spark"},
+            freshness_policy=freshness_policy,
             **asset_kwargs,
         )
         def _stream_asset(
