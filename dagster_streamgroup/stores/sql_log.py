@@ -3,20 +3,28 @@
 At 200 members x 10,000 shards the state is megabytes while a tick changes a heartbeat and a few shards:
 rewriting the whole object on every tick of every member is most of a store's load. So a write appends one
 row to ``<table>_log`` at version ``v + 1``: the ``StateDelta`` from the version the writer loaded
-(``protocol/delta.py``), or the whole state when no delta joins them. The primary key ``(key, version)`` is the
-compare-and-set: of two writers that loaded version ``v``, one inserts ``v + 1`` and the other's insert is
-refused. The insert also requires the base row to be ours and not newer (``kind``, ``schema_version``), so a
-foreign or newer object is never built upon. Once the appended rows outweigh twice the state, the writer
-folds them into the base row (``version``, ``body``), and deletes the rows the previous fold had already
-covered; a reader that read the base before a fold still finds the rows it needs, and one that finds a gap
-reads again.
+(``protocol/delta.py``), or the whole state when no delta joins them. Once the appended rows outweigh twice the
+state, the writer folds them into the base row (``version``, ``body``), and deletes the rows the previous fold
+had already covered.
+
+The compare-and-set of a write is its insert of row ``v + 1``, valid only while the base row is still at or
+below ``v`` (and is ours, of this schema): one statement that checks the base row and inserts the log row. The
+``(key, version)`` primary key alone is not enough: a fold deletes the rows the previous base covered, so a
+writer that loaded ``v`` and paused while others folded twice would find row ``v + 1`` gone and insert it, a
+write no reader ever sees (the base is already past it). On PostgreSQL the check locks the base row
+(``FOR SHARE``): a fold waits for the insert, and an insert that waited for a fold reads the base row that fold
+wrote. On SQLite the statement holds the database's write lock.
+
+A read takes the base row and the log rows after it in one statement, so from one snapshot: read in two, a fold
+between them would pair a base body with rows it already holds. A delta applies only to the revision it was
+computed from, so rows that do not continue the state a reader holds send it back to the base row.
 
 The store remembers the last state it loaded or wrote per key, so a member reads only the rows appended since
 (Pravega's state synchronizer keeps a revisioned copy the same way).
 
 A base row written by an earlier version of this store (schema below 3, no log) is first rewritten whole at
 the current schema, as that version would: a member of the earlier version then refuses the state instead of
-updating a base row that the log has moved past.
+updating a base row that the log has moved past. Nothing is appended to such a row.
 """
 
 from __future__ import annotations
@@ -25,7 +33,23 @@ import json
 import threading
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, Column, MetaData, Table, Text, delete, exists, literal, select, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ColumnElement,
+    CompoundSelect,
+    MetaData,
+    Table,
+    Text,
+    and_,
+    case,
+    delete,
+    literal,
+    null,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
@@ -69,18 +93,32 @@ class _Known:
 
 
 class _GapError(Exception):
-    """The log rows after the base row this reader saw were folded meanwhile."""
+    """The log rows this reader got do not continue the state it holds (folded meanwhile, or not ours)."""
 
 
 class LoggedSqlStateStore(SqlStateStore):
-    """``SqlStateStore`` whose writes append deltas (see the module docstring)."""
+    """``SqlStateStore`` whose writes append deltas (see the module docstring).
 
-    def __init__(self, url: str, *, table: str = DEFAULT_TABLE) -> None:
+    ``min_fold_bytes`` and ``fold_fraction`` set when this store folds (``None``: the module's ``MIN_FOLD_BYTES``
+    and ``FOLD_FRACTION``); tests and ``bench.store_linearizability`` fold often to race writers against folds."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        min_fold_bytes: int | None = None,
+        fold_fraction: float | None = None,
+    ) -> None:
         self._log = log_table(f"{table}_log")
         self._known: dict[str, _Known] = {}
         self._lock = threading.Lock()
+        self.min_fold_bytes = min_fold_bytes
+        self.fold_fraction = fold_fraction
         self.bytes_written = 0
         """Bytes of state and delta bodies this store wrote (what its writes cost the database)."""
+        self.folds = 0
+        """Folds this store wrote."""
         super().__init__(url, table=table)
 
     def __repr__(self) -> str:
@@ -93,6 +131,12 @@ class LoggedSqlStateStore(SqlStateStore):
                 conn.execute(CreateTable(self._log, if_not_exists=True))
         except DBAPIError:
             pass  # created by a concurrent member, or unreachable: the first load says which
+
+    def should_fold(self, appended_bytes: int, state_bytes: int) -> bool:
+        """Whether the log rows after the base row (``appended_bytes``) are worth rewriting the state for."""
+        least = MIN_FOLD_BYTES if self.min_fold_bytes is None else self.min_fold_bytes
+        fraction = FOLD_FRACTION if self.fold_fraction is None else self.fold_fraction
+        return appended_bytes >= max(least, fraction * state_bytes)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -110,32 +154,27 @@ class LoggedSqlStateStore(SqlStateStore):
                 return None, None
             return known.state, str(known.version)
         raise StoreUnavailableError(
-            f"state store {self.url}: cannot load {key!r}: its log was folded under every one of "
+            f"state store {self.url}: cannot load {key!r}: its log did not continue its base row in any of "
             f"{MAX_GAP_RETRIES} reads"
         )
 
     def _read(self, key: str) -> _Known | None:
-        t, log = self._table, self._log
         with self._lock:
             cached = self._known.get(key)
         with self._engine.connect() as conn:
-            base = conn.execute(select(t.c.version, t.c.kind, t.c.schema_version).where(t.c.key == key)).one_or_none()
-            if base is None:
-                return None
-            if cached is not None and cached.version >= base.version and cached.base_version <= base.version:
-                state, version = cached.state, cached.version
-                appended = cached.appended_bytes if cached.base_version == base.version else 0
-                state_bytes = cached.state_bytes
-            else:
-                body = conn.execute(select(t.c.body).where(t.c.key == key)).scalar_one()
-                state = decode_state(body, where=self._where(key))
-                version, appended, state_bytes = int(base.version), 0, len(body)
-            rows = conn.execute(
-                select(log.c.version, log.c.body)
-                .where(log.c.key == key, log.c.version > version)
-                .order_by(log.c.version)
-            ).all()
-        for row in rows:
+            rows = conn.execute(self._snapshot(key, cached)).all()
+        if not rows:
+            return None
+        base, logged = rows[0], rows[1:]
+        if base.body is None:  # the base row is one this store's copy already holds
+            assert cached is not None
+            state, version = cached.state, cached.version
+            appended = cached.appended_bytes if cached.base_version == base.version else 0
+            state_bytes = cached.state_bytes
+        else:
+            state = decode_state(base.body, where=self._where(key))
+            version, appended, state_bytes = int(base.version), 0, len(base.body)
+        for row in logged:
             if row.version != version + 1:
                 raise _GapError()
             state = self._applied(key, state, row.body)
@@ -145,6 +184,32 @@ class LoggedSqlStateStore(SqlStateStore):
         with self._lock:
             self._known[key] = known
         return known
+
+    def _snapshot(self, key: str, cached: _Known | None) -> CompoundSelect[int, int, str | None]:
+        """The base row and the log rows after the state to start from, in one statement (one snapshot).
+
+        The base row's body is left out (NULL) when ``cached`` holds a state at or after it, built on it or an
+        earlier base: then only the rows after ``cached`` are read."""
+        t, log = self._table, self._log
+        body: ColumnElement[str | None] = t.c.body
+        start: ColumnElement[int] = t.c.version
+        if cached is not None:
+            usable = and_(
+                t.c.version >= cached.base_version,
+                t.c.version <= cached.version,
+                t.c.kind == STATE_KIND,
+                t.c.schema_version <= SCHEMA_VERSION,
+            )
+            body = case((usable, null()), else_=t.c.body)
+            start = case((usable, literal(cached.version, BigInteger)), else_=t.c.version)
+        base = select(literal(0).label("part"), t.c.version, body.label("body")).where(t.c.key == key)
+        after = (
+            select(literal(1), log.c.version, log.c.body)
+            .join_from(log, t, t.c.key == log.c.key)
+            .where(log.c.key == key, log.c.version > start)
+        )
+        both = union_all(base, after)
+        return both.order_by(both.selected_columns.part, both.selected_columns.version)
 
     def _applied(self, key: str, state: GroupState, body: str) -> GroupState:
         raw = json.loads(body)
@@ -156,7 +221,9 @@ class LoggedSqlStateStore(SqlStateStore):
             raise ForeignStateError(
                 f"{self._where(key)}: a logged change cannot be read ({exc}); refusing to write"
             ) from exc
-        return delta.apply(state.model_copy(update={"revision": change.base_revision}), change)
+        if state.revision != change.base_revision:
+            raise _GapError()
+        return delta.apply(state, change)
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -189,29 +256,37 @@ class LoggedSqlStateStore(SqlStateStore):
         if self._base_is_old(key):
             return self._rewrite_base(key, state, version)
         body = self._log_body(known.state, state)
-        t, log = self._table, self._log
-        ours = exists().where(t.c.key == key, t.c.kind == STATE_KIND, t.c.schema_version <= SCHEMA_VERSION)
-        insert = pg_dialect.insert if self._is_postgres else sqlite_dialect.insert
-        stmt = (
-            insert(log)
-            .from_select(
-                ["key", "version", "body"], select(literal(key), literal(version + 1), literal(body)).where(ours)
-            )
-            .on_conflict_do_nothing(index_elements=["key", "version"])
-            .returning(log.c.version)
-        )
-        with self._engine.connect() as conn:
-            written = conn.execute(stmt).scalar_one_or_none() is not None
-        if not written:
+        if not self._insert_after(key, version, body):
             self._refuse_if_not_ours(key)
             return False
         self.bytes_written += len(body)
         appended = known.appended_bytes + len(body)
         with self._lock:
             self._known[key] = _Known(version + 1, state, known.base_version, appended, known.state_bytes)
-        if appended >= max(MIN_FOLD_BYTES, FOLD_FRACTION * known.state_bytes):
+        if self.should_fold(appended, known.state_bytes):
             self._fold(key, state, version + 1, known.base_version)
         return True
+
+    def _insert_after(self, key: str, version: int, body: str) -> bool:
+        """Insert log row ``version + 1`` if no one has, and the base row is ours, of this schema, and not yet
+        past ``version`` (see the module docstring: a fold may have deleted a row ``version + 1`` already)."""
+        t, log = self._table, self._log
+        base = select(t.c.key).where(
+            t.c.key == key,
+            t.c.version <= version,
+            t.c.kind == STATE_KIND,
+            t.c.schema_version == SCHEMA_VERSION,
+        )
+        insert = pg_dialect.insert if self._is_postgres else sqlite_dialect.insert
+        row = select(literal(key), literal(version + 1, BigInteger), literal(body))
+        stmt = (
+            insert(log)
+            .from_select(["key", "version", "body"], row.where(base.with_for_update(read=True).exists()))
+            .on_conflict_do_nothing(index_elements=["key", "version"])
+            .returning(log.c.version)
+        )
+        with self._engine.connect() as conn:
+            return conn.execute(stmt).scalar_one_or_none() is not None
 
     @staticmethod
     def _log_body(before: GroupState, after: GroupState) -> str:
@@ -240,7 +315,8 @@ class LoggedSqlStateStore(SqlStateStore):
         """Write the state at ``version`` as the base row, then drop the rows the previous base covered.
 
         Conditional on the base row still being the one this writer built on, so of two members folding at
-        once only one writes; a fold that loses changes nothing but costs nothing either."""
+        once only one writes; a fold that loses changes nothing but costs nothing either. The rows it drops
+        are below the base row a writer must still find to insert (``_insert_after``), so none comes back."""
         t, log = self._table, self._log
         body = encode_state(state)
         stmt = (
@@ -254,6 +330,7 @@ class LoggedSqlStateStore(SqlStateStore):
                 return
             conn.execute(delete(log).where(log.c.key == key, log.c.version <= previous_base))
         self.bytes_written += len(body)
+        self.folds += 1
         with self._lock:
             self._known[key] = _Known(version, state, version, 0, len(body))
 

@@ -5,18 +5,35 @@ consumer groups (a key whose stream is not a v3io stream id goes under ``<direct
 store's container).
 
 How (the design of ``stores/sql_log.py`` on v3io KV; names and ranges in ``stores/v3io_log.py``): the base item
-holds the whole state at ``state_version``, of a random ``state_lineage``. A write from version ``v`` creates the
-log item ``<group>-state.json.log-<lineage>.<v + 1>`` under ``not(exists(state))``, so of two writers that
-loaded ``v`` one creates it and the other is refused (a conflict, as before); it holds the ``StateDelta`` from
-``v`` (or the whole state when no delta joins them). Before that the writer reads the base item's small guard
-attributes and refuses to build on one that is not ours, of a newer schema, or of another lineage. Once the log
-items written since the last fold weigh twice the encoded base item, the writer folds: it rewrites the base item
-at its version, under the base item's mtime (as v3io-go conditions its writes), and deletes the log items the
-previous base item already held. A reader keeps the last state it saw per key and, while the base item's mtime
-is unchanged, reads only the newer log items: one GetItems range scan of the base item's sharding key.
+holds the whole state at ``state_version``, of a random ``state_lineage``; the head item beside it names the
+newest version and the write that holds it (``state_head``, ``state_head_id``). A write from version ``v`` first
+creates its log item ``<group>-state.json.log-<lineage>.<v + 1>.<write id>``, holding the ``StateDelta`` from
+``v`` (or the whole state when no delta joins them) and the write id of ``v``, then moves the head item from
+``v`` to ``v + 1`` under the condition ``state_head == v``: that conditional update is the compare-and-set, so of
+two writers that loaded ``v`` one moves the head and the other is refused (and deletes its log item). Before
+that the writer reads the base item's small guard attributes and refuses to build on one that is not ours, of a
+newer schema, or of another lineage. Once the log items written since the last fold weigh twice the encoded base
+item, the writer folds: it rewrites the base item at its version, under the base item's mtime (as v3io-go
+conditions its writes), and deletes the log items the previous base item already held. A reader reads the base
+item (or, while its mtime is unchanged, keeps the state it saw last), then the head item, then the log items up
+to the head: one GetItems range scan of the base item's sharding key, followed from the head down by the write
+ids.
+
+Why the head item, and not the creation of log item ``v + 1`` only if absent (the earlier layout): v3io conditions
+a write on the item it writes, and folds delete log items. A writer that loaded ``v`` and paused while others
+folded twice would find item ``v + 1`` gone and create it: a write reported as done that no reader sees. Reading
+the base item again after the create cannot tell that apart from a write another member read and folded in
+meanwhile. The head item is never deleted by a fold, so its condition holds only for a writer that loaded the
+newest version. A paused reader is safe the same way: it follows write ids from the head, so an item written by a
+writer that lost the head is never read.
 
 A base item written whole by an earlier version (no ``state_version``) is replaced whole, under its mtime, by
-one with a log before anything is logged: a member of an earlier schema then refuses it.
+one with a log before anything is logged: a member of an earlier schema then refuses it. A base item of the
+earlier log layout (a lineage of 12 hex digits, no head item) is read as that layout reads it; the first write
+closes its log with a tombstone log item at the next version (a member of that layout cannot append after it,
+and refuses to read it), then replaces the base item in a new lineage, only while it is still of the earlier
+lineage and not past the version the writer loaded. A member of that layout cannot write to the new lineage: its
+tokens do not parse one.
 
 The encoded state goes into the attribute ``state`` (v3io-go's) and, when it is longer than one string
 attribute may be (the v3io client refuses more than 61,199 characters), continues in ``state_1``,
@@ -42,7 +59,7 @@ import json
 import re
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -62,9 +79,13 @@ from dagster_streamgroup.stores.v3io_log import (
     LogToken,
     MtimeToken,
     every_lineage_range,
+    head_item,
+    is_legacy,
+    is_lineage,
     log_item,
     log_range,
     new_lineage,
+    new_write_id,
     parse_log_item,
     parse_token,
     should_fold,
@@ -81,9 +102,17 @@ PARTS = "state_parts"
 ENCODING = "state_encoding"
 KIND = "state_kind"
 SCHEMA = "state_schema"
+PREVIOUS = "state_previous"
+"""Attribute of a log item: the write id of the version it follows."""
+HEAD = "state_head"
+"""Attribute of the head item: the newest version ..."""
+HEAD_ID = "state_head_id"
+"""... and the write id of the log item that holds it."""
 ENCODING_JSON = "json"
 ENCODING_ZLIB = "zlib+base64"
 NEVER = v3io.dataplane.RaiseForStatus.never
+TOMBSTONE = '{"sealed":true}'
+"""The body of the log item that closes a lineage of the earlier layout."""
 
 LOG_COMPRESS_ABOVE = 2_000
 """Log items longer than this are compressed (a heartbeat's delta is a few hundred characters and stays JSON)."""
@@ -160,9 +189,11 @@ def state_location(key: str, container: str, directory: str) -> tuple[str, str, 
 
 
 @dataclass
+@dataclass
 class _Known:
-    """What this store last saw of a key: the state at ``version`` (of ``lineage``) and the base item it was
-    built on. ``lineage`` is "" for a base item without a log, whose ``base_mtime`` is then its version."""
+    """What this store last saw of a key: the state at ``version`` (of ``lineage``, held by the log item of
+    ``write_id``) and the base item it was built on. ``lineage`` is "" for a base item without a log, whose
+    ``base_mtime`` is then its version; ``write_id`` is "" in a lineage of the earlier layout."""
 
     lineage: str
     version: int
@@ -173,6 +204,7 @@ class _Known:
     """Bytes of the log items after the base item."""
     state_bytes: int
     """Bytes of the base item's encoded state."""
+    write_id: str = ""
 
     @property
     def token(self) -> str:
@@ -183,7 +215,7 @@ class _Known:
 
 
 class _GapError(Exception):
-    """The log items after the base item this reader saw were folded meanwhile."""
+    """What this reader got does not join up: log items folded meanwhile, or a base item replaced. Read again."""
 
 
 _GUARD = [KIND, SCHEMA, PARTS, VERSION, LINEAGE, "__mtime_secs", "__mtime_nsecs"]
@@ -203,7 +235,7 @@ def _logged(item: dict[str, Any]) -> bool:
         and isinstance(schema, int)
         and schema <= SCHEMA_VERSION
         and isinstance(item.get(VERSION), int)
-        and isinstance(item.get(LINEAGE), str)
+        and is_lineage(item.get(LINEAGE))
     )
 
 
@@ -214,15 +246,37 @@ def _body_size(attributes: dict[str, Any]) -> int:
     return sum(len(v) for v in (attributes.get(name) for name in names) if isinstance(v, str))
 
 
+def _holds(known: _Known | None, token: LogToken) -> bool:
+    """Whether ``known`` is the state at ``token``, with the write id a write after it names."""
+    if known is None or known.lineage != token.lineage or known.version != token.version:
+        return False
+    return bool(known.write_id) or is_legacy(known.lineage)
+
+
+def _head_attributes(lineage: str, version: int, write_id: str, schema: int) -> dict[str, Any]:
+    return {HEAD: version, HEAD_ID: write_id, LINEAGE: lineage, KIND: STATE_KIND, SCHEMA: schema}
+
+
 class V3ioStateStore:
-    """A ``StateStore`` over v3io KV items (see the module docstring)."""
+    """A ``StateStore`` over v3io KV items (see the module docstring).
+
+    ``min_fold_bytes`` and ``fold_fraction`` set when this store folds (``None``: the settings of
+    ``stores/v3io_log.py``); tests and ``bench.store_linearizability`` fold often to race writers against folds."""
 
     def __init__(
-        self, connection: V3ioConnection, *, directory: str = DEFAULT_DIRECTORY, compress: bool = True
+        self,
+        connection: V3ioConnection,
+        *,
+        directory: str = DEFAULT_DIRECTORY,
+        compress: bool = True,
+        min_fold_bytes: int | None = None,
+        fold_fraction: float | None = None,
     ) -> None:
         self.connection = connection
         self.directory = normalise_path(directory, what="directory")
         self.compress = compress
+        self.min_fold_bytes = min_fold_bytes
+        self.fold_fraction = fold_fraction
         self._name = f"v3io://{urlsplit(connection.endpoint).netloc}/{connection.container}/{self.directory}"
         try:
             kwargs = connection.client_kwargs()
@@ -233,6 +287,8 @@ class V3ioStateStore:
         self._lock = threading.Lock()
         self.bytes_written = 0
         """Characters of encoded states and deltas this store wrote (what its writes cost the platform)."""
+        self.folds = 0
+        """Folds this store wrote."""
 
     @classmethod
     def from_url(cls, url: str) -> V3ioStateStore:
@@ -248,6 +304,12 @@ class V3ioStateStore:
     @property
     def url(self) -> str:
         return self._name
+
+    def should_fold(self, appended_bytes: int, state_bytes: int) -> bool:
+        """Whether the log items after the base item (``appended_bytes``) are worth rewriting the state for."""
+        return should_fold(appended_bytes, state_bytes, min_bytes=self.min_fold_bytes, fraction=self.fold_fraction)
+
+    # -- requests -------------------------------------------------------------------------------------------
 
     def _where(self, key: str, location: tuple[str, str, str]) -> str:
         container, directory, item = location
@@ -320,19 +382,19 @@ class V3ioStateStore:
 
     def _delete(self, key: str, location: tuple[str, str, str]) -> None:
         container, directory, item = location
-        response = self._call(
-            f"delete a folded log item of {key!r}", self._client.kv.delete, container, directory, item
-        )
+        response = self._call(f"delete a log item of {key!r}", self._client.kv.delete, container, directory, item)
         if response.status_code not in (200, 204, 404):
-            raise self._unexpected(f"delete a folded log item of {key!r}", response)
+            raise self._unexpected(f"delete a log item of {key!r}", response)
 
     # -- reading --------------------------------------------------------------------------------------------
 
     def load(self, key: str) -> tuple[GroupState | None, StateToken | None]:
         location = state_location(key, self.connection.container, self.directory)
         for _ in range(MAX_GAP_RETRIES):
+            with self._lock:
+                names = _GUARD if key in self._known else ["**"]  # a store that holds nothing reads it all
             try:
-                known = self._read(key, location, self._get(key, location, _GUARD))
+                known = self._read(key, location, self._get(key, location, names))
             except _GapError:
                 with self._lock:
                     self._known.pop(key, None)
@@ -346,45 +408,122 @@ class V3ioStateStore:
         )
 
     def _read(self, key: str, location: tuple[str, str, str], guard: dict[str, Any] | None) -> _Known | None:
-        """The state as of now, from the base item (``guard`` is what was just read of it) and the newer log
-        items; from what this store knew of the key when the base item has not been rewritten since."""
+        """The state as of now, from the base item (``guard`` is what was just read of it: its guard attributes,
+        or all of it), the head item, and the log items up to the head."""
         if guard is None:
             with self._lock:
                 self._known.pop(key, None)
             return None
-        with self._lock:
-            cached = self._known.get(key)
-        mtime = _mtime(guard)
         if not _logged(guard):
             return self._read_whole(key, location)
-        lineage, base_version = str(guard[LINEAGE]), int(guard[VERSION])
-        if cached is not None and cached.lineage == lineage and cached.base_mtime == mtime:
-            state, version, appended = cached.state, cached.version, cached.appended_bytes
-            state_bytes, base_version = cached.state_bytes, cached.base_version
-        elif (
-            cached is not None and cached.lineage == lineage and cached.base_version < base_version <= cached.version
-        ):  # another member folded versions this store already holds
-            state, version, appended, state_bytes = cached.state, cached.version, 0, cached.state_bytes
-        else:
-            item = self._get(key, location, ["**"])
-            if item is None or not _logged(item):
-                return self._read(key, location, item)
-            where = self._where(key, location)
-            body = decode_attributes(item, where=where)
-            state = decode_state(body, where=where)
-            lineage, base_version, mtime = str(item[LINEAGE]), int(item[VERSION]), _mtime(item)
-            version, appended, state_bytes = base_version, 0, _body_size(item)
+        if is_legacy(str(guard[LINEAGE])):
+            return self._read_legacy(key, location)
+        start = self._start(key, location, guard)
+        head_version, head_id = self._head(key, location, start.lineage, start.base_version)
+        known = self._follow(key, location, start, head_version, head_id)
+        with self._lock:
+            self._known[key] = known
+        return known
+
+    def _start(self, key: str, location: tuple[str, str, str], guard: dict[str, Any]) -> _Known:
+        """The state to read the log from: the one this store holds while the base item is unchanged, or folded
+        from versions it holds; else the base item's (a fold between the guard and this read is a gap)."""
+        lineage, base_version, mtime = str(guard[LINEAGE]), int(guard[VERSION]), _mtime(guard)
+        with self._lock:
+            cached = self._known.get(key)
+        if cached is not None and cached.lineage == lineage:
+            if cached.base_mtime == mtime:
+                return cached
+            if cached.base_version < base_version <= cached.version:  # another member folded versions it holds
+                return replace(cached, base_version=base_version, base_mtime=mtime, appended_bytes=0)
+        item = guard if STATE in guard else self._get(key, location, ["**"])
+        if item is None or not _logged(item) or item[LINEAGE] != lineage:
+            raise _GapError()
+        where = self._where(key, location)
+        state = decode_state(decode_attributes(item, where=where), where=where)
+        version = int(item[VERSION])
+        return _Known(lineage, version, state, version, _mtime(item), 0, _body_size(item))
+
+    def _head(self, key: str, location: tuple[str, str, str], lineage: str, base_version: int) -> tuple[int, str]:
+        """The newest version of ``lineage`` and the write id that holds it. A head item still missing (its
+        creator stopped between the base item and it; nothing was logged without it) is created at the base
+        item's version."""
+        container, directory, item = location
+        at = (container, directory, head_item(item, lineage))
+        found = self._get(key, at, [HEAD, HEAD_ID])
+        if found is None:
+            first = _head_attributes(lineage, base_version, new_write_id(), SCHEMA_VERSION)
+            self._put(f"save {key!r}", at, first, f"not(exists({HEAD}))", None)
+            found = self._get(key, at, [HEAD, HEAD_ID])
+        if found is None or not isinstance(found.get(HEAD), int) or not isinstance(found.get(HEAD_ID), str):
+            raise ForeignStateError(f"{self._where(key, at)}: not a head item of this store; refusing to write")
+        return found[HEAD], found[HEAD_ID]
+
+    def _follow(
+        self, key: str, location: tuple[str, str, str], start: _Known, head_version: int, head_id: str
+    ) -> _Known:
+        """``start`` with the log items up to the head applied: found from the head down by their write ids."""
+        if head_version < start.version:
+            raise _GapError()
+        if head_version == start.version:
+            if start.write_id and start.write_id != head_id:
+                raise _GapError()
+            return replace(start, write_id=head_id)
+        state, appended = start.state, start.appended_bytes
+        for entry in self._chain(key, location, start, head_version, head_id):
+            state = self._applied(key, location, state, entry)
+            appended += _body_size(entry)
+        return replace(start, version=head_version, state=state, appended_bytes=appended, write_id=head_id)
+
+    def _chain(
+        self, key: str, location: tuple[str, str, str], start: _Known, head_version: int, head_id: str
+    ) -> list[dict[str, Any]]:
+        """The log items from ``start`` to the head, oldest first: the one of each version whose write id the
+        next version names, from the head's down. Items of writers that lost the head are never among them."""
+        container, directory, item = location
+        found: dict[tuple[int, str], dict[str, Any]] = {}
+        scan = log_range(item, start.lineage, start.version, through=head_version)
+        for entry in self._scan(key, (container, directory), scan, ["**"]):
+            name = parse_log_item(item, str(entry.get("__name", "")))
+            if name is not None and name.lineage == start.lineage and not name.is_head:
+                found[(name.version, name.write_id)] = entry
+        chain: list[dict[str, Any]] = []
+        write_id = head_id
+        for version in range(head_version, start.version, -1):
+            link = found.get((version, write_id))
+            if link is None or not isinstance(link.get(PREVIOUS), str):
+                raise _GapError()  # folded meanwhile
+            chain.append(link)
+            write_id = link[PREVIOUS]
+        if start.write_id and write_id != start.write_id:
+            raise _GapError()
+        return chain[::-1]
+
+    def _read_legacy(self, key: str, location: tuple[str, str, str]) -> _Known:
+        """A state of the earlier log layout: the base item, then each log item of the next version, up to a
+        tombstone (the first write of this version closed the log there). Read whole each time: the first write
+        moves it to this layout."""
+        item = self._get(key, location, ["**"])
+        if item is None or not _logged(item) or not is_legacy(str(item[LINEAGE])):
+            raise _GapError()
+        where = self._where(key, location)
+        body = decode_attributes(item, where=where)
+        state = decode_state(body, where=where)
+        lineage, base_version = str(item[LINEAGE]), int(item[VERSION])
+        version, appended = base_version, 0
         container, directory, name = location
         for entry in self._scan(key, (container, directory), log_range(name, lineage, version), ["**"]):
             parsed = parse_log_item(name, str(entry.get("__name", "")))
-            if parsed is None or parsed[0] != lineage or parsed[1] <= version:
+            if parsed is None or parsed.lineage != lineage or parsed.version <= version:
                 continue
-            if parsed[1] != version + 1:
+            if parsed.version != version + 1:
                 raise _GapError()
+            if entry.get(STATE) == TOMBSTONE:
+                break
             state = self._applied(key, location, state, entry)
-            version = parsed[1]
+            version = parsed.version
             appended += _body_size(entry)
-        known = _Known(lineage, version, state, base_version, mtime, appended, state_bytes)
+        known = _Known(lineage, version, state, base_version, _mtime(item), appended, _body_size(item))
         with self._lock:
             self._known[key] = known
         return known
@@ -425,7 +564,9 @@ class V3ioStateStore:
             change = delta.StateDelta.model_validate(raw["delta"])
         except Exception as exc:  # damaged, or a field this version does not know
             raise ForeignStateError(f"{where}: the logged change cannot be read ({exc}); refusing to write") from exc
-        return delta.apply(state.model_copy(update={"revision": change.base_revision}), change)
+        if state.revision != change.base_revision:
+            raise _GapError()  # a change computed from another state than the one read so far
+        return delta.apply(state, change)
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -451,9 +592,18 @@ class V3ioStateStore:
         written, mtime = self._put(f"save {key!r}", location, attributes, f"not(exists({STATE}))", None)
         if not written:
             return False
-        self._wrote(key, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
-        self._drop_other_lineages(key, location, lineage)
+        self._started(key, location, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
         return True
+
+    def _started(self, key: str, location: tuple[str, str, str], known: _Known, attributes: dict[str, Any]) -> None:
+        """A base item of a new lineage was written (``attributes``): create its head item, and delete the log
+        items of earlier lineages."""
+        head_version, head_id = self._head(key, location, known.lineage, known.version)
+        self._wrote(key, replace(known, write_id=head_id), attributes)
+        if head_version != known.version:  # others wrote on since: what this store holds has no write id
+            with self._lock:
+                self._known.pop(key, None)
+        self._drop_other_lineages(key, location, known.lineage)
 
     def _replace_whole(self, key: str, location: tuple[str, str, str], state: GroupState, token: MtimeToken) -> bool:
         """Replace a base item without a log, under its mtime (the guard of the version that wrote it), by
@@ -467,8 +617,7 @@ class V3ioStateStore:
         )
         written, mtime = self._put(f"save {key!r}", location, attributes, condition, "OverWriteAttributes")
         if written:
-            self._wrote(key, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
-            self._drop_other_lineages(key, location, lineage)
+            self._started(key, location, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
             return True
         current = self._get(key, location, _GUARD)
         if current is None or _mtime(current) != (token.secs, token.nsecs) or _logged(current):
@@ -482,7 +631,8 @@ class V3ioStateStore:
         )
 
     def _append(self, key: str, location: tuple[str, str, str], state: GroupState, token: LogToken) -> bool:
-        """Claim version ``token.version + 1`` by creating its log item, which exists only once."""
+        """Write version ``token.version + 1``: its log item, then the head item moved to it if it is still at
+        ``token.version`` (the compare-and-set)."""
         guard = self._get(key, location, _GUARD)
         if guard is None:
             return False
@@ -491,34 +641,79 @@ class V3ioStateStore:
             return False  # a base item without a log: the token is not of it
         if guard[LINEAGE] != token.lineage:
             return False
-        with self._lock:
-            known = self._known.get(key)
-        if (
-            known is None
-            or known.lineage != token.lineage
-            or known.version != token.version
-            or known.base_mtime != _mtime(guard)
-        ):
-            try:
-                known = self._read(key, location, guard)
-            except _GapError:
-                return False
-            if known is None or known.lineage != token.lineage or known.version != token.version:
-                return False  # the state moved on since the token was issued
+        known = self._known_at(key, location, guard, token)
+        if known is None:
+            return False
+        if is_legacy(token.lineage):
+            return self._leave_legacy(key, location, state, known)
         rewrite = int(guard[SCHEMA]) < SCHEMA_VERSION  # an earlier schema: log the state whole, fold at once
         body = _whole_body(state) if rewrite else _log_body(known.state, state)
         attributes = encode_attributes(body, compress=self.compress, compress_above=LOG_COMPRESS_ABOVE)
-        attributes[VERSION] = token.version + 1
+        attributes.update({VERSION: token.version + 1, PREVIOUS: known.write_id})
+        write_id = new_write_id()
         container, directory, item = location
-        entry = (container, directory, log_item(item, token.lineage, token.version + 1))
+        entry = (container, directory, log_item(item, token.lineage, token.version + 1, write_id))
         if not self._put(f"save {key!r}", entry, attributes, f"not(exists({STATE}))", None)[0]:
             return False
+        if not self._advance_head(key, location, token, write_id, state.schema_version):
+            self._delete(key, entry)  # no reader follows it; a later fold would delete it otherwise
+            return False
         appended = known.appended_bytes + _body_size(attributes)
-        after = _Known(token.lineage, token.version + 1, state, known.base_version, known.base_mtime, appended,
-                       known.state_bytes)  # fmt: skip
+        after = replace(known, version=token.version + 1, state=state, appended_bytes=appended, write_id=write_id)
         self._wrote(key, after, attributes)
-        if rewrite or should_fold(appended, known.state_bytes):
+        if rewrite or self.should_fold(appended, known.state_bytes):
             self._fold(key, location, after)
+        return True
+
+    def _known_at(
+        self, key: str, location: tuple[str, str, str], guard: dict[str, Any], token: LogToken
+    ) -> _Known | None:
+        """The state at ``token``, as this store holds it or reads it now; None when the state moved past it."""
+        with self._lock:
+            known = self._known.get(key)
+        if not _holds(known, token):
+            try:
+                known = self._read(key, location, guard)
+            except _GapError:
+                return None
+        return known if _holds(known, token) else None
+
+    def _advance_head(
+        self, key: str, location: tuple[str, str, str], token: LogToken, write_id: str, schema: int
+    ) -> bool:
+        container, directory, item = location
+        at = (container, directory, head_item(item, token.lineage))
+        condition = (
+            f"({HEAD} == {token.version}) AND ({LINEAGE} == '{token.lineage}') "
+            f"AND ({KIND} == '{STATE_KIND}') AND ({SCHEMA} <= {SCHEMA_VERSION})"
+        )
+        values = {HEAD: token.version + 1, HEAD_ID: write_id, SCHEMA: schema}
+        return self._put(f"save {key!r}", at, values, condition, None)[0]
+
+    def _leave_legacy(self, key: str, location: tuple[str, str, str], state: GroupState, known: _Known) -> bool:
+        """Write ``state`` after ``known``, a state of the earlier layout, as the first version of a new lineage:
+        close the earlier log with a tombstone at the next version (created only if absent, so a member of the
+        earlier layout cannot append there any more), then replace the base item if it is still of the earlier
+        lineage and not past ``known.version``. A base past it may have had that version's log item folded and
+        deleted, so that the tombstone took the place of a write: then this write is refused."""
+        container, directory, item = location
+        seal = (container, directory, log_item(item, known.lineage, known.version + 1))
+        closing = encode_attributes(TOMBSTONE, compress=False)
+        closing[VERSION] = known.version + 1
+        if not self._put(f"save {key!r}", seal, closing, f"not(exists({STATE}))", None)[0]:
+            existing = self._get(key, seal, [STATE])
+            if existing is None or existing.get(STATE) != TOMBSTONE:
+                return False  # a member of the earlier layout wrote that version
+        lineage = new_lineage()
+        attributes = self._base_attributes(state, lineage, 1)
+        condition = (
+            f"({LINEAGE} == '{known.lineage}') AND ({VERSION} <= {known.version}) "
+            f"AND ({KIND} == '{STATE_KIND}') AND ({SCHEMA} <= {SCHEMA_VERSION})"
+        )
+        written, mtime = self._put(f"save {key!r}", location, attributes, condition, "OverWriteAttributes")
+        if not written:
+            return False
+        self._started(key, location, _Known(lineage, 1, state, 1, mtime, 0, _body_size(attributes)), attributes)
         return True
 
     def _fold(self, key: str, location: tuple[str, str, str], known: _Known) -> None:
@@ -536,24 +731,25 @@ class V3ioStateStore:
         written, mtime = self._put(f"fold the log of {key!r}", location, attributes, condition, "OverWriteAttributes")
         if not written:
             return
-        size = _body_size(attributes)
-        self._wrote(key, _Known(known.lineage, known.version, known.state, known.version, mtime, 0, size),
-                    attributes)  # fmt: skip
+        self.folds += 1
+        self._wrote(key, replace(known, base_version=known.version, base_mtime=mtime, appended_bytes=0,
+                                 state_bytes=_body_size(attributes)), attributes)  # fmt: skip
         container, directory, item = location
         folded = log_range(item, known.lineage, 0, through=known.base_version)
         for entry in self._scan(key, (container, directory), folded, ["__name"]):
             name = str(entry.get("__name", ""))
             parsed = parse_log_item(item, name)
-            if parsed is not None and parsed[0] == known.lineage and parsed[1] <= known.base_version:
+            if parsed is not None and parsed.lineage == known.lineage and 0 < parsed.version <= known.base_version:
                 self._delete(key, (container, directory, name))
 
     def _drop_other_lineages(self, key: str, location: tuple[str, str, str], lineage: str) -> None:
-        """Delete log items left by an earlier state of this key (deleted and created again)."""
+        """Delete the log and head items left by earlier states of this key (deleted and created again, or of
+        the earlier layout)."""
         container, directory, item = location
         for entry in self._scan(key, (container, directory), every_lineage_range(item), ["__name"]):
             name = str(entry.get("__name", ""))
             parsed = parse_log_item(item, name)
-            if parsed is not None and parsed[0] != lineage:
+            if parsed is not None and parsed.lineage != lineage:
                 self._delete(key, (container, directory, name))
 
     def _wrote(self, key: str, known: _Known, attributes: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """The v3io store's log, through the real client and the project's v3io server: a write creates one log item
-(only if absent), readers elsewhere rebuild the same state from the base item and the newer log items (a range
-scan), the log is folded into the base item and the folded items deleted, a base item written whole by an
+and moves the head item to it, readers elsewhere rebuild the same state from the base item and the newer log
+items (a range scan), the log is folded into the base item and the folded items deleted, a base item written whole by an
 earlier version is rewritten before anything is logged, and a heartbeat costs a few hundred bytes."""
 
 from __future__ import annotations
@@ -77,14 +77,16 @@ def base_item(client: Any, path: str) -> dict[str, Any]:
 
 
 def log_items(client: Any, path: str) -> dict[int, dict[str, Any]]:
-    """Every log item of the state, by version (read with the real client's range scan)."""
+    """Every log item of the state, by version (read with the real client's range scan); the head item aside."""
     items = client.kv.new_cursor(CONTAINER, path + "/", attribute_names=["**"], sharding_key="g-state",
                                  sort_key_range_start="json.log-", sort_key_range_end="json.log.").all()  # fmt: skip
     out = {}
     for item in items:
         parsed = parse_log_item("g-state.json", item["__name"])
         assert parsed is not None, item["__name"]
-        out[parsed[1]] = item
+        if not parsed.is_head:
+            assert parsed.version not in out, f"two log items of version {parsed.version}"
+            out[parsed.version] = item
     return out
 
 
