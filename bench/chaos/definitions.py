@@ -27,7 +27,8 @@ SETTINGS = settings_from_env()
 
 @stream_asset(group=SETTINGS.group, name=ASSET, kinds={"spark", "kafka"})
 def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, Any]:
-    """Records, per range, the offsets this run saw; raises on poison records while the switch is on."""
+    """Records, per range, the offsets this run saw and their payloads' CRC-32 (so the check can tell a record
+    from another one at the same offset); raises on poison records while the switch is on."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     work = SETTINGS.work_dir
@@ -38,14 +39,18 @@ def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, 
         F.concat_ws(":", "topic", "partition").alias("shard"),
         "offset",
         F.instr(F.col("value").cast("string"), recorder.POISON_MARKER).alias("poison"),
+        F.crc32("value").alias("crc"),
     ).toArrow()
     shards = table.column("shard").to_pylist()
     offsets = table.column("offset").to_pylist()
     poison = table.column("poison").to_pylist()
+    crcs = table.column("crc").to_pylist()
     seen: dict[str, list[int]] = {r.shard: [] for r in ranges}
+    hashes: dict[str, dict[int, int]] = {r.shard: {} for r in ranges}
     bad: dict[str, int] = dict.fromkeys(seen, 0)
-    for shard, offset, mark in zip(shards, offsets, poison, strict=True):
+    for shard, offset, mark, crc in zip(shards, offsets, poison, crcs, strict=True):
         seen.setdefault(shard, []).append(int(offset))
+        hashes.setdefault(shard, {}).setdefault(int(offset), int(crc))
         if mark:
             bad[shard] = bad.get(shard, 0) + 1
     raising = recorder.poisoned(work) and any(bad.values())
@@ -62,6 +67,7 @@ def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, 
             end=r.end,
             intervals=recorder.intervals(seen.get(r.shard, [])),
             seen=len(seen.get(r.shard, [])),
+            hashes=tuple(crc for _, crc in sorted(hashes.get(r.shard, {}).items())),
             poison=bad.get(r.shard, 0),
             raised=raising,
             backfill=backfill,
@@ -81,6 +87,7 @@ def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, 
                 run_key=config.get("run_key"),
                 pid=os.getpid(),
                 ranges=tuple((s.shard, s.start, s.end) for s in specs),
+                member=config.get("member"),
             ),
         )
     return {"seen": sum(len(v) for v in seen.values())}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import recorder
+from bench.chaos.check import COMMIT_WAIT_S
 from bench.chaos.deployment import DEFINITIONS, ChaosDeployment
 from bench.chaos.producer import ChaosProducer
 from dagster_streamgroup.dagster.devserver import ROOT
@@ -44,9 +45,16 @@ KINDS = (
     "poison",
     "cas_hammer",
 )
-"""``run_pause``: a run SIGSTOPped longer than the session timeout, then resumed. ``run_pause_zombie``: the
-same, with its member sensor stopped meanwhile and the pause longer than the drain timeout, so the range is
-re-run by another member at a new epoch and the resumed run is a zombie whose commit must be refused."""
+"""``run_pause``: a run SIGSTOPped longer than the session timeout, then resumed. ``run_pause_zombie``: a run
+held after its read, before its commit, SIGSTOPped with its member sensor stopped until every shard of the run
+moved to a new epoch (the member left; the drain ended, once the stopped run no longer reported itself alive or
+the drain timeout passed; the range was handed out to be launched again), so the resumed run is a zombie whose
+commit must be refused."""
+
+ZOMBIE_MOVE_LIMIT_S = 300.0
+"""How long the zombie fault waits for its run's shards to move to a new epoch before it resumes the run anyway
+(and reports an error): 20-25 s in the short setting (the run's liveness timeout), at most the member's leave
+plus the drain timeout (about a minute) with the chaos settings."""
 
 
 def plan(count: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
@@ -82,6 +90,10 @@ class Chaos:
     poison_pending: set[str] = field(default_factory=set)
     poison_watcher: bool = False
     parked_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+    parks: set[tuple[str, int, int]] = field(default_factory=set)
+    """Every parked or dead-lettered range the driver saw, resolved or not: each must hold a poison record."""
+    zombies: list[str] = field(default_factory=list)
+    """Run ids of the zombies made: each must end with its commit refused."""
     unparked: list[tuple[str, int, int]] = field(default_factory=list)
     backfilled: list[tuple[str, int, int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -120,13 +132,16 @@ class Chaos:
 
     # Holding runs between their read and their commit.
 
-    def hold_one(self, timeout_s: float = 120.0) -> recorder.HeldRun | None:
-        """Hold runs at the end of the function; the first held run whose process is alive."""
+    def hold_one(
+        self, timeout_s: float = 120.0, accept: Callable[[recorder.HeldRun], bool] = lambda _: True
+    ) -> recorder.HeldRun | None:
+        """Hold runs at the end of the function; the first held run whose process is alive and that ``accept``
+        takes."""
         (self.work / recorder.HOLD).touch()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for held in recorder.held_runs(self.work):
-                if procfs.alive([held.pid]):
+                if procfs.alive([held.pid]) and accept(held):
                     return held
             time.sleep(0.05)
         return None
@@ -218,7 +233,7 @@ def run_kill_after_commit(chaos: Chaos) -> tuple[bool, str]:
         recorder.release(chaos.work, held.run_id)
         shards = {shard for shard, _, _ in held.ranges}
         committed = False
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + COMMIT_WAIT_S
         while time.monotonic() < deadline and procfs.alive([held.pid]):
             state = chaos.state()
             if state is not None and all(
@@ -233,7 +248,7 @@ def run_kill_after_commit(chaos: Chaos) -> tuple[bool, str]:
         broker.resume()
         chaos.unhold()
     if not committed:
-        return False, f"run {held.run_id} did not commit within 30 s (refused or died); killed anyway"
+        return False, f"run {held.run_id} did not commit within {COMMIT_WAIT_S:.0f} s (refused or died); killed anyway"
     return (
         True,
         f"run {held.run_id} (pid {held.pid}) killed after its commit, before its materialization: {held.ranges}",
@@ -309,19 +324,12 @@ def _running_worker(chaos: Chaos, timeout_s: float = 90.0) -> tuple[dict[str, An
     return None
 
 
-def _pause(chaos: Chaos, zombie: bool) -> tuple[bool, str]:
+def run_pause(chaos: Chaos) -> tuple[bool, str]:
     found = _running_worker(chaos)
     if found is None:
         return False, "no run in progress to pause"
     run, worker = found
-    group = chaos.deployment.group
-    sensor = run["tags"].get("streamgroup/member", "").partition("@")[0]
-    if zombie:
-        if not sensor or not chaos.stop_sensor(sensor):
-            return False, f"the member sensor {sensor!r} of run {run['runId']} is stopped already"
-        pause = group.session_timeout_s + group.drain_timeout_s + 2 * group.heartbeat_s + chaos.rng.uniform(2, 8)
-    else:
-        pause = group.session_timeout_s + chaos.rng.uniform(2.0, 8.0)
+    pause = chaos.deployment.group.session_timeout_s + chaos.rng.uniform(2.0, 8.0)
     os.kill(worker.pid, signal.SIGSTOP)
     chaos.paused.add(worker.pid)
 
@@ -331,20 +339,65 @@ def _pause(chaos: Chaos, zombie: bool) -> tuple[bool, str]:
             os.kill(worker.pid, signal.SIGCONT)
         chaos.paused.discard(worker.pid)
         chaos.log(f"run {run['runId']} resumed after {pause:.0f} s")
-        if zombie:
-            chaos.start_sensor(sensor)
 
     chaos.background(f"resume {run['runId']}", resume)
-    what = f"and its member sensor {sensor} stopped " if zombie else ""
-    return True, f"run {run['runId']} (pid {worker.pid}) SIGSTOPped {what}for {pause:.0f} s"
-
-
-def run_pause(chaos: Chaos) -> tuple[bool, str]:
-    return _pause(chaos, zombie=False)
+    return True, f"run {run['runId']} (pid {worker.pid}) SIGSTOPped for {pause:.0f} s"
 
 
 def run_pause_zombie(chaos: Chaos) -> tuple[bool, str]:
-    return _pause(chaos, zombie=True)
+    """A run held after its read and its function, before its commit, is SIGSTOPped there and its member sensor
+    stopped; it is resumed once every shard of it moved to a new epoch. Pausing it at that point, and not
+    wherever a running run happens to be, is what makes it a zombie every time: a run paused after its commit,
+    or one that fails on its own once resumed, would never show its commit refused."""
+
+    def sensor_of(held: recorder.HeldRun) -> str:
+        return (held.member or "").partition("@")[0]
+
+    held = chaos.hold_one(accept=lambda h: sensor_of(h) in chaos.running_sensors())
+    try:
+        if held is None:
+            return False, "no run of a running member sensor reached the end of its function in time"
+        sensor = sensor_of(held)
+        state = chaos.state()
+        shards = sorted({shard for shard, _, _ in held.ranges})
+        epochs = {s: state.shards[s].epoch for s in shards} if state is not None else {}
+        if not sensor or not chaos.stop_sensor(sensor):
+            return False, f"the member sensor {sensor!r} of run {held.run_id} is stopped already"
+        os.kill(held.pid, signal.SIGSTOP)
+        chaos.paused.add(held.pid)
+    finally:
+        chaos.unhold()  # the others go on; the stopped run sees its hold released once it is resumed
+    with chaos.lock:
+        chaos.zombies.append(held.run_id)
+    paused_at = time.monotonic()
+
+    def moved() -> bool:
+        state = None
+        with contextlib.suppress(Exception):  # the store may be down in another fault: ask again
+            state = chaos.state()
+        return state is not None and all(state.shards[s].epoch > epochs.get(s, -1) for s in shards)
+
+    def resume() -> None:
+        deadline = paused_at + ZOMBIE_MOVE_LIMIT_S
+        while not moved():
+            if time.monotonic() > deadline or chaos.stopping.is_set():
+                chaos.errors.append(
+                    f"run_pause_zombie: the shards {shards} of run {held.run_id} did not move to a new epoch "
+                    f"within {ZOMBIE_MOVE_LIMIT_S:.0f} s; resumed anyway"
+                )
+                break
+            time.sleep(1.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(held.pid, signal.SIGCONT)
+        chaos.paused.discard(held.pid)
+        chaos.log(f"zombie run {held.run_id} resumed after {time.monotonic() - paused_at:.0f} s")
+        chaos.start_sensor(sensor)
+
+    chaos.background(f"resume {held.run_id}", resume)
+    return True, (
+        f"run {held.run_id} (pid {held.pid}) SIGSTOPped after its read, before its commit, and its member sensor "
+        f"{sensor} stopped, until its shards {shards} move to a new epoch"
+    )
 
 
 def cas_hammer(chaos: Chaos, processes: int = 2) -> tuple[bool, str]:
@@ -419,6 +472,8 @@ def watch_poison(chaos: Chaos, timeout_s: float = 900.0) -> None:
                 lettered = {d.shard for d in state.dead_letters}
                 with chaos.lock:
                     chaos.parked_seen.update(parked)
+                    chaos.parks.update((sid, start, end) for sid, (start, end) in parked.items())
+                    chaos.parks.update((d.shard, d.start, d.end) for d in state.dead_letters)
                     ready = chaos.poison_pending <= set(parked) | lettered
                     if ready:
                         (chaos.work / recorder.POISON_SWITCH).unlink(missing_ok=True)
@@ -451,6 +506,8 @@ def resolve_dead_letters(chaos: Chaos, letters: list[tuple[str, int, int]]) -> N
 
 def resolve_parked(chaos: Chaos, parked: dict[str, tuple[int, int]]) -> None:
     for shard, (start, end) in sorted(parked.items()):
+        with chaos.lock:
+            chaos.parks.add((shard, start, end))
         chaos.log(f"unpark {shard} [{start}, {end}): {unpark(chaos, shard)}")
         chaos.unparked.append((shard, start, end))
 

@@ -1,8 +1,11 @@
 """What the chaos deployment's user function writes about itself, so the check never trusts the group state.
 
 Every run writes one record per range it read, before it returns (and before it raises on poison): the run,
-its member and run key, its process id, and the offsets it saw, as ``[first, last + 1)`` intervals. A record is
-written to a temporary name and renamed, so a run killed while writing leaves no half record.
+its member and run key, its process id, the offsets it saw, as ``[first, last + 1)`` intervals, and the CRC-32
+of each of those records' payloads. The hashes are what tell a record apart from another one at the same
+offset: a broker that lost acknowledged records and took new ones at their offsets shows the same offsets, not
+the same payloads. A record is written to a temporary name and renamed, so a run killed while writing leaves no
+half record.
 
 Two files in the work directory steer the function from outside:
 
@@ -19,7 +22,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -49,6 +53,8 @@ class RangeRecord(BaseModel):
     """The offsets seen, as sorted, disjoint ``[first, end)`` intervals."""
     seen: int
     """Records seen (duplicates within the read included: a source that repeats a record shows here)."""
+    hashes: tuple[int, ...]
+    """The payload's CRC-32 (``payload_hash``) of each offset of ``intervals``, in offset order."""
     poison: int
     raised: bool
     backfill: bool
@@ -62,6 +68,20 @@ class HeldRun(BaseModel):
     run_key: str | None
     pid: int
     ranges: tuple[tuple[str, int, int], ...]
+    member: str | None = None
+    """The member that launched the run: the zombie fault stops that member's sensor."""
+
+
+def payload_hash(payload: bytes) -> int:
+    """CRC-32 of a record's payload, as Spark's ``crc32`` computes it over the ``value`` column, so the function
+    (in Spark) and the producer (in Python) hash the same bytes the same way."""
+    return zlib.crc32(payload)
+
+
+def offsets_of(spans: Iterable[tuple[int, int]]) -> Iterator[int]:
+    """Every offset of ``[first, end)`` spans, in order."""
+    for first, end in spans:
+        yield from range(first, end)
 
 
 def intervals(offsets: Iterable[int]) -> tuple[tuple[int, int], ...]:

@@ -13,9 +13,12 @@
 3. Once producing ended and every background fault is over (paused runs resumed, sensors started, poisoned
    shards parked, switched off and unparked), ``drain_s`` runs until the group state and Kafka's group offsets
    both reach every partition's end.
-4. The check (``bench.chaos.check``) over the function's own records, Dagster's materializations and the
-   samples. The last line is one JSON object; the exit code is 1 when anything was lost, overlapped,
-   duplicated or went backwards, or the run did not drain in time.
+4. The check (``bench.chaos.check``) over the function's own records (offsets and payload hashes), what the
+   producer was acknowledged, Dagster's materializations and runs, the parks seen and the samples. The last
+   line is one JSON object; ``passed`` is false, and the exit code 1, for every reason ``check.failures``
+   gives: anything lost, overlapped, duplicated, gone backwards, committed unread or parked without poison; a
+   fault that never landed or an error of the driver; a zombie whose commit was not refused; Kafka's group
+   offsets behind the state's past their bound; or a backlog that did not drain in time.
 """
 
 from __future__ import annotations
@@ -35,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import faults, recorder
-from bench.chaos.check import Committed, Sample, mirror_lag_s, verdict
+from bench.chaos.check import (
+    MIRROR_LAG_MARGIN_S,
+    Committed,
+    Sample,
+    failures,
+    mirror_lag_bound_s,
+    mirror_lag_s,
+    verdict,
+)
 from bench.chaos.deployment import ChaosDeployment, GroupSettings
 from bench.chaos.faults import KINDS, Chaos
 from bench.chaos.producer import ChaosProducer
@@ -70,6 +81,9 @@ class Sampler:
         self.samples: list[Sample] = []
         self.latest: dict[tuple[str, str], int] = {}
         self.failures: Counter[str] = Counter()
+        self.parks: set[tuple[str, int, int]] = set()
+        """Parked and dead-lettered ranges seen in the state: the drain resumes parked shards by itself, so each
+        park is counted here, to be matched with an injected poison range."""
         self.lock = threading.Lock()
         """Held around every broker call of the driver: they share one cached client."""
         self._stop = threading.Event()
@@ -96,6 +110,9 @@ class Sampler:
                 for shard, record in state.shards.items():
                     if record.committed is not None:
                         self._add(Sample(now, "state", shard, record.committed))
+                    if record.parked is not None:
+                        self.parks.add((shard, record.parked.start, record.parked.end))
+                self.parks.update((d.shard, d.start, d.end) for d in state.dead_letters)
             try:
                 shards = [f"{self.deployment.topic}:{p}" for p in range(self.deployment.group.partitions)]
                 with self.lock:
@@ -133,8 +150,9 @@ def failure_cause(messages: list[str]) -> str:
     return next((cause for cause, needle in FAILURE_CAUSES if needle in text), "other")
 
 
-def failure_causes(deployment: ChaosDeployment, runs: list[dict[str, Any]]) -> tuple[dict[str, int], list[str]]:
-    causes: Counter[str] = Counter()
+def failure_causes(deployment: ChaosDeployment, runs: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """The cause of each failed run, by run id, and the messages of those no known cause explains."""
+    causes: dict[str, str] = {}
     others: list[str] = []
     for run in runs:
         if run["status"] != "FAILURE":
@@ -144,10 +162,17 @@ def failure_causes(deployment: ChaosDeployment, runs: list[dict[str, Any]]) -> t
         except Exception as exc:  # a run whose events cannot be read is counted, not dropped
             messages = [f"events unreadable: {exc}"]
         cause = failure_cause(messages)
-        causes[cause] += 1
+        causes[run["runId"]] = cause
         if cause == "other":
             others.append(f"{run['runId']}: {' | '.join(m[:200] for m in messages)[:400]}")
-    return dict(causes), others
+    return causes, others
+
+
+def zombie_outcomes(zombies: list[str], runs: list[dict[str, Any]], causes: dict[str, str]) -> list[dict[str, Any]]:
+    """How each zombie run ended: its status and the cause of its failure (``commit_refused`` is the one
+    expected)."""
+    status = {r["runId"]: r["status"] for r in runs}
+    return [{"run": z, "status": status.get(z), "cause": causes.get(z)} for z in zombies]
 
 
 def chunk_sizes(messages: int, chunks: int) -> list[int]:
@@ -204,14 +229,24 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         materialized = deployment.materializations()
         state = chaos.state()
         records = recorder.read_records(deployment.records_dir)
-        committed = [
-            Committed(m["shard"], m["start"], m["end"], m.get("runId"), bool(m.get("repaired")))
-            for m in materialized
-            if not m.get("backfill") and m.get("shard") is not None
-        ]
+        committed = [committed_of(m) for m in materialized if not m.get("backfill") and m.get("shard") is not None]
         letters = [(d.shard, d.start, d.end) for d in state.dead_letters] if state is not None else []
-        check = verdict(highs, dict.fromkeys(highs, 0), committed, records, sampler.samples, letters)
+        parks = sampler.parks | chaos.parks | set(letters)
+        if state is not None:
+            parks |= {(sid, s.parked.start, s.parked.end) for sid, s in state.shards.items() if s.parked}
+        produced = producer.payload_hashes()
+        check = verdict(
+            produced,
+            dict.fromkeys(produced, 0),
+            committed,
+            records,
+            sampler.samples,
+            letters,
+            parks,
+            producer.poisoned,
+        )
         acknowledged = producer.shard_ends()
+        lag_limit_s = mirror_lag_bound_s(group.heartbeat_s) + MIRROR_LAG_MARGIN_S
         resolved = [
             (shard, start, end)
             for shard, start, end in chaos.unparked
@@ -231,27 +266,34 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
                 "repaired_materializations": check.repaired_materializations,
                 "materializations": len(committed),
                 "runs": dict(Counter(r["status"] for r in runs)),
-                "failed_runs_by_cause": causes,
+                "failed_runs_by_cause": dict(Counter(causes.values())),
                 "failed_runs_unexplained": unexplained[:5],
+                "zombies": zombie_outcomes(chaos.zombies, runs, causes),
                 "dead_letters": len(letters),
+                "parks": check.parks,
+                "uncommitted": check.uncommitted,
+                "committed_unseen": check.committed_unseen,
+                "payload_mismatches": check.payload_mismatches,
                 "broker_lost_acknowledged": sum(max(0, end - highs.get(s, 0)) for s, end in acknowledged.items()),
+                "producer_errors": producer.errors[:5],
                 "samples": len(sampler.samples),
                 "sample_failures": dict(sampler.failures),
                 "cas_hammer": _sum_dicts(chaos.hammer_results),
                 "kafka_offsets_at_end": sampler.at("kafka", highs),
                 "kafka_behind_state_max_s": round(max(mirror_lag_s(sampler.samples).values(), default=0.0), 1),
-                "errors": chaos.errors[:10],
+                "kafka_behind_state_limit_s": lag_limit_s,
+                "errors": list(chaos.errors),
                 "details": check.details[:20],
                 "elapsed_s": round(time.monotonic() - started, 1),
             }
         )
-        failed = bool(
-            check.lost or check.overlapping_commits or check.duplicate_materializations or check.backwards
-        ) or (drain_s is None)
-        result["passed"] = not failed
+        result["failures"] = failures(result)
+        result["passed"] = not result["failures"]
+        failed = not result["passed"]
         return result
     except Exception as exc:  # the run itself broke: say so in the JSON line, not only in a traceback
         result.update({"passed": False, "error": f"{type(exc).__name__}: {exc}"})
+        result["failures"] = failures(result)
         import traceback
 
         traceback.print_exc()
@@ -264,6 +306,15 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def committed_of(materialization: dict[str, Any]) -> Committed:
+    """A materialization as the check sees it, tied to the run that committed its range: the run that recorded
+    it, or, for one a member recorded for a run killed after its commit, the run it names (``run_id``)."""
+    m = materialization
+    repaired = bool(m.get("repaired"))
+    run_id = m.get("run_id") if repaired else m.get("runId")
+    return Committed(m["shard"], m["start"], m["end"], run_id or None, repaired, m.get("run_key"))
+
+
 def _sum_dicts(items: list[dict[str, int]]) -> dict[str, int]:
     total: Counter[str] = Counter()
     for item in items:
@@ -273,7 +324,9 @@ def _sum_dicts(items: list[dict[str, int]]) -> dict[str, int]:
 
 def _drain(chaos: Chaos, sampler: Sampler, highs: dict[str, int], deadline: float) -> bool:
     """Wait until the state's and Kafka's committed offsets reach ``highs``, resuming any parked shard once
-    no poison is pending (a range can also be parked by retries that chaos exhausted)."""
+    no poison is pending. Resuming is what lets the run end; it hides nothing: every park is counted (the
+    sampler, ``resolve_parked``) and the check fails on one that holds no poison record (a range parked by
+    retries that other faults exhausted, or a shard parked because the broker lost offsets)."""
     while time.monotonic() < deadline:
         if sampler.at("state", highs) and sampler.at("kafka", highs):
             return True

@@ -133,7 +133,9 @@ class ExampleDeployment:
     def __init__(self, name: str, work: Path, env: Mapping[str, str]) -> None:
         self.name = name
         self.home = work / name / "home"
-        self.env = {**env, "CLICKSTREAM_OUTPUT": str(work / name / "output")}
+        self.output = work / name / "output"
+        """The example's output of this deployment (one folder per range its runs processed)."""
+        self.env = {**env, "CLICKSTREAM_OUTPUT": str(self.output)}
         self.dev = DagsterDev(self.home, self.env, work / name / "dagster-dev.log")
         self.deployment_id: str | None = None
 
@@ -257,12 +259,18 @@ class Committed:
 
 
 def committed_ranges(deployment: str, materializations: Iterable[Mapping[str, Any]]) -> list[Committed]:
-    """The member-committed ranges among an instance's materializations (backfills commit nothing)."""
+    """The member-committed ranges among an instance's materializations (backfills commit nothing). Each must
+    commit its own end and, unless a member recorded it for a run killed after its commit (``repaired``: no
+    count), say its run read every record of the range: ``records == end - start`` (no transactions here, so
+    no offset is a control marker)."""
     ranges = []
     for m in materializations:
         if m.get("backfill"):
             continue
         assert m["committed"] == m["end"], f"{deployment}: materialization {m} does not commit its own end"
+        assert m.get("repaired") or m.get("records") == m["end"] - m["start"], (
+            f"{deployment}: materialization {m} counts {m.get('records')} records for its range"
+        )
         ranges.append(Committed(deployment, m["shard"], m["start"], m["end"], m["member"], m["runId"]))
     return ranges
 

@@ -1,10 +1,20 @@
-"""The cross-instance check of the two-deployment test fails on what it is there to catch."""
+"""The checks of the two-deployment, end-to-end and smoke tests fail on what they are there to catch: a double
+commit or a gap across instances, a commit that counted fewer records than its range, an output folder that
+does not hold its range's records, a time past its bound plus the margin."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from dagster_streamgroup.streams.base import Watermarks
+from jobs.clickstream import range_directory
 from tests.deployments.harness import Committed, assert_tiled_once, committed_ranges
+from tests.e2e.scenario import assert_exactly_once, assert_output_counts, output_views, timing_limit_s
 
 LOWS = {"t:0": 0, "t:1": 10}
 HIGHS = {"t:0": 300, "t:1": 60}
@@ -40,9 +50,47 @@ def test_a_double_commit_or_a_gap_fails(ranges: list[Committed], message: str) -
 def test_backfills_are_not_commits_and_a_commit_must_end_its_range() -> None:
     common = {"shard": "t:0", "member": "m@a", "runId": "r1"}
     materializations = [
-        {**common, "start": 0, "end": 5, "committed": 5},
+        {**common, "start": 0, "end": 5, "committed": 5, "records": 5},
         {"shard": "t:0", "start": 0, "end": 5, "runId": "r2", "backfill": True},
     ]
     assert committed_ranges("a", materializations) == [Committed("a", "t:0", 0, 5, "m@a", "r1")]
     with pytest.raises(AssertionError, match="does not commit its own end"):
-        committed_ranges("a", [{**common, "start": 0, "end": 5, "committed": 4}])
+        committed_ranges("a", [{**common, "start": 0, "end": 5, "committed": 4, "records": 5}])
+
+
+def test_a_commit_that_read_fewer_records_than_its_range_fails() -> None:
+    """A read that silently dropped records and still committed: its range tiles, its count does not."""
+    common = {"shard": "t:0", "member": "m@a", "runId": "r1", "start": 0, "end": 5, "committed": 5}
+    with pytest.raises(AssertionError, match="counts 4 records"):
+        committed_ranges("a", [{**common, "records": 4}])
+    with pytest.raises(AssertionError, match="counts None records"):
+        committed_ranges("a", [common])
+    # A member's record of a run killed after its commit carries no count: its output is what is checked.
+    assert committed_ranges("a", [{**common, "repaired": True}]) == [Committed("a", "t:0", 0, 5, "m@a", "r1")]
+    marks = {"t:0": Watermarks(0, 5)}
+    assert_exactly_once([{**common, "records": 5}], marks)
+    with pytest.raises(AssertionError, match=r"t:0 \[0, 5\) of run r1: 4 records read"):
+        assert_exactly_once([{**common, "records": 4}], marks)
+
+
+def write_range(output: Path, shard: str, start: int, end: int, views: list[int]) -> None:
+    """An output folder as the example writes it: ``range=<shard>-<start>-<end>`` with a ``views`` column."""
+    folder = output / f"range={range_directory(shard, start, end)}"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"page": [f"p{i}" for i in range(len(views))], "views": views}), folder / "part-0.parquet")
+
+
+def test_each_range_folder_of_the_output_must_hold_its_records(tmp_path: Path) -> None:
+    write_range(tmp_path, "t:0", 0, 10, [4, 6])
+    write_range(tmp_path, "t:0", 10, 20, [3, 6])  # one record of [10, 20) dropped
+    ranges: list[dict[str, Any]] = [{"shard": "t:0", "start": 0, "end": 10}]
+    assert output_views(tmp_path, "t:0", 0, 10) == 10
+    assert_output_counts(tmp_path, ranges)
+    with pytest.raises(AssertionError, match=r"t:0 \[10, 20\): 9 views"):
+        assert_output_counts(tmp_path, [*ranges, {"shard": "t:0", "start": 10, "end": 20}])
+    with pytest.raises(AssertionError, match=r"t:1 \[0, 10\): None views"):  # no folder at all
+        assert_output_counts(tmp_path, [{"shard": "t:1", "start": 0, "end": 10}])
+
+
+def test_a_timing_bound_gets_a_margin_of_three_ticks() -> None:
+    assert timing_limit_s(30.0, 5.0) == 45.0 and timing_limit_s(5.0, 5.0) == 20.0
