@@ -4,8 +4,15 @@ The example project (``definitions.py``, ``jobs/clickstream.py``, ``sensors/``) 
 (``DagsterDev``) with the instance settings of the project's ``dagster.yaml``, on the local broker, its runs'
 Spark on the local Spark Connect server (or a classic ``local[2]``). The benchmarks treat it as a black box:
 they set the example's environment variables, produce records, and read the broker's watermarks, Kafka's
-group offsets (the group mirrors its commits there) and the runs Dagster recorded, never the group's state
-or the runs' tags, so they measure whatever run model and launcher the example uses.
+group offsets (the group mirrors its commits there) and the runs Dagster recorded, never the runs' tags, so
+they measure whatever run model and launcher the example uses. They read the group's state only to check the
+conditions of a measurement, never for a figure: at start, that every member holds shards; around a pause of
+the member sensors (``bench.e2e``), that the group kept its members.
+
+They may stop and start the member sensors over GraphQL, as a user does in the UI. A member sensor makes a
+peer that is stopped in Dagster leave the group at its next tick, so the benchmarks stop (and start) all of
+them in one request, whose mutations run one after another within milliseconds, between two of the daemon's
+passes over the sensors.
 """
 
 from __future__ import annotations
@@ -14,16 +21,46 @@ import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
+from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, TICK_WAIT_MARGIN_S
+from dagster_streamgroup.dagster.sensors import DEPLOYMENT_ENV
+from dagster_streamgroup.protocol.state import EventKind
 from dagster_streamgroup.streams.base import StreamBackend
 
 ASSET = "page_views_per_minute"
+LOCATION = "clickstream"
+"""The example's code location (``workspace.yaml``)."""
+REPOSITORY = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
+SENSORS = """query($r: RepositorySelector!) { repositoryOrError(repositorySelector: $r) { __typename
+  ... on Repository { sensors { name jobOriginId
+    sensorState { selectorId status ticks(limit: 1) { status timestamp } } } } } }"""
+STOP_FIELD = """s{i}: stopSensor(jobOriginId: $o{i}, jobSelectorId: $s{i}) { __typename
+  ... on StopSensorMutationResult { instigationState { status } } ... on PythonError { message } }"""
+START_FIELD = """s{i}: startSensor(sensorSelector: $s{i}) { __typename
+  ... on Sensor { sensorState { status } } ... on PythonError { message } }"""
+
+
+@dataclass(frozen=True)
+class SensorView:
+    """A sensor as GraphQL shows it: what stopping it needs, its status, and its latest tick."""
+
+    origin_id: str
+    selector_id: str
+    status: str
+    tick_status: str | None
+    tick_at: float | None
+
+
+HEARTBEAT_S = 3.0
+SESSION_TIMEOUT_S = 2 * max(HEARTBEAT_S, DAEMON_LOOP_S) + TICK_WAIT_MARGIN_S
+"""The shortest session the member sensors accept with the tick's wait (11.5 s): two daemon passes and the
+room for a tick that overran its pass. The benchmarks used 10 s before the sensors checked this."""
 
 
 @dataclass(frozen=True)
@@ -32,11 +69,13 @@ class ExampleSettings:
     ``max_records_per_run`` None keeps the example's own default."""
 
     members: int = 3
-    heartbeat_s: float = 3.0
-    session_timeout_s: float = 10.0
+    heartbeat_s: float = HEARTBEAT_S
+    session_timeout_s: float = SESSION_TIMEOUT_S
     max_records_per_run: int | None = None
     spark_master: str = "local[2]"
     spark_remote: str | None = None
+    deployment: str | None = None
+    """``STREAMGROUP_DEPLOYMENT``: the members' ids then do not depend on the instance's storage id."""
 
 
 def example_env(bootstrap: str, topic: str, group: str, output: Path, settings: ExampleSettings) -> dict[str, str]:
@@ -56,6 +95,8 @@ def example_env(bootstrap: str, topic: str, group: str, output: Path, settings: 
         env["CLICKSTREAM_MAX_RECORDS_PER_RUN"] = str(settings.max_records_per_run)
     if settings.spark_remote is not None:
         env["CLICKSTREAM_SPARK_REMOTE"] = settings.spark_remote
+    if settings.deployment is not None:
+        env[DEPLOYMENT_ENV] = settings.deployment
     return env
 
 
@@ -70,6 +111,8 @@ class Deployment:
     shards: list[str]
     ready_s: float
     startup_s: float
+    resource: KafkaStreamGroup
+    members: int
 
     @property
     def pid(self) -> int:
@@ -82,11 +125,93 @@ class Deployment:
     def committed(self) -> dict[str, int | None]:
         return self.backend.committed(self.group, self.shards)
 
-    def wait_committed(self, what: str, highs: Mapping[str, int], timeout_s: float) -> float:
-        """Wait until Kafka's group offsets reach ``highs``; the seconds it took."""
+    def wait_committed(self, what: str, highs: Mapping[str, int], timeout_s: float, interval_s: float = 1.0) -> float:
+        """Wait until Kafka's group offsets reach ``highs``; the seconds it took (to within ``interval_s``)."""
         started = time.perf_counter()
-        wait_for(what, lambda: self.committed() == dict(highs), timeout_s, 1.0)
+        wait_for(what, lambda: self.committed() == dict(highs), timeout_s, interval_s)
         return time.perf_counter() - started
+
+    def shared(self) -> bool:
+        """Every member heartbeats and every shard has an owner (the group's state: a condition, not a figure)."""
+        state = self.resource.member("bench").load()
+        return (
+            state is not None
+            and len(state.members) == self.members
+            and len(state.shards) == len(self.shards)
+            and all(shard.owner is not None for shard in state.shards.values())
+        )
+
+    def membership_changes(self, since: float) -> list[str]:
+        """Members that left or were evicted since ``since`` (epoch seconds), from the group's events."""
+        state = self.resource.member("bench").load()
+        kinds = (EventKind.LEFT, EventKind.EVICTED)
+        return (
+            []
+            if state is None
+            else [f"{e.kind} {e.member_id}" for e in state.events if e.kind in kinds and e.at >= since]
+        )
+
+    def sensors(self) -> dict[str, SensorView]:
+        """The example's sensors (its member sensors: it defines no other) over GraphQL, as a user sees them."""
+        data = self.dev.graphql(SENSORS, {"r": REPOSITORY})["repositoryOrError"]
+        if data["__typename"] != "Repository":
+            raise RuntimeError(f"the example's repository: {data}")
+        out = {}
+        for sensor in data["sensors"]:
+            state = sensor["sensorState"]
+            tick = state["ticks"][0] if state["ticks"] else {}
+            out[sensor["name"]] = SensorView(
+                sensor["jobOriginId"], state["selectorId"], state["status"], tick.get("status"), tick.get("timestamp")
+            )
+        return out
+
+    def after_a_pass(self, names: Sequence[str], timeout_s: float) -> None:
+        """Return just after the daemon's next pass over the running sensors ``names`` has ended: each has a
+        newer tick than now, and none is in progress. The next pass is then most of a loop (5 s) away."""
+        before = self.sensors()
+
+        def passed() -> bool:
+            now = self.sensors()
+            for name in names:
+                at, was = now[name].tick_at, before[name].tick_at
+                if at is None or (was is not None and at <= was) or now[name].tick_status == "STARTED":
+                    return False
+            return True
+
+        wait_for("a pass of the daemon over the sensors", passed, timeout_s, 0.2)
+
+    def stop_sensors(self, names: Sequence[str], timeout_s: float) -> None:
+        """Stop the sensors in one request, just after a pass of the daemon, then wait until none has a tick in
+        progress (a tick begun before the stop goes on and may still request runs)."""
+        self.after_a_pass(names, timeout_s)
+        views = self.sensors()
+        fields, variables, types = [], {}, []
+        for i, name in enumerate(names):
+            fields.append(STOP_FIELD.replace("{i}", str(i)))
+            variables[f"o{i}"], variables[f"s{i}"] = views[name].origin_id, views[name].selector_id
+            types.append(f"$o{i}: String!, $s{i}: String!")
+        result = self.dev.graphql(f"mutation({', '.join(types)}) {{ {' '.join(fields)} }}", variables)
+        for i, name in enumerate(names):
+            answer = result[f"s{i}"]
+            if answer["__typename"] != "StopSensorMutationResult" or answer["instigationState"]["status"] != "STOPPED":
+                raise RuntimeError(f"stopping sensor {name}: {answer}")
+
+        def quiet() -> bool:
+            now = self.sensors()
+            return all(now[n].status == "STOPPED" and now[n].tick_status != "STARTED" for n in names)
+
+        wait_for("the stopped sensors' last ticks to end", quiet, timeout_s, 0.5)
+
+    def start_sensors(self, names: Sequence[str]) -> None:
+        """Start the sensors in one request (the daemon evaluates them at its next pass over the sensors)."""
+        fields = [START_FIELD.replace("{i}", str(i)) for i in range(len(names))]
+        types = [f"$s{i}: SensorSelector!" for i in range(len(names))]
+        variables = {f"s{i}": {**REPOSITORY, "sensorName": name} for i, name in enumerate(names)}
+        result = self.dev.graphql(f"mutation({', '.join(types)}) {{ {' '.join(fields)} }}", variables)
+        for i, name in enumerate(names):
+            answer = result[f"s{i}"]
+            if answer.get("__typename") != "Sensor" or answer["sensorState"]["status"] != "RUNNING":
+                raise RuntimeError(f"starting sensor {name}: {answer}")
 
     def runs_created(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
         """Runs Dagster created in ``[since, until)`` (epoch seconds), with their run-record times
@@ -118,25 +243,19 @@ def running_example(
     )
     backend = resource.backend()
     shards = backend.shards()
-
-    def shared() -> bool:
-        state = resource.member("bench").load()
-        return (
-            state is not None
-            and len(state.members) == settings.members
-            and len(state.shards) == len(shards)
-            and all(shard.owner is not None for shard in state.shards.values())
-        )
-
     dev = DagsterDev(home, env, work / "dagster-dev.log")
+    example = Deployment(dev, env, group, backend, shards, 0.0, 0.0, resource, settings.members)
     started = time.perf_counter()
     try:
         dev.start()
-        ready_s = time.perf_counter() - started
-        wait_for("the members to share the shards", shared, timeout_s, 1.0)
-        startup_s = time.perf_counter() - started
-        print(f"dagster dev ready after {ready_s:.1f} s, shards shared after {startup_s:.1f} s", flush=True)
-        yield Deployment(dev, env, group, backend, shards, ready_s, startup_s)
+        example.ready_s = time.perf_counter() - started
+        wait_for("the members to share the shards", example.shared, timeout_s, 1.0)
+        example.startup_s = time.perf_counter() - started
+        print(
+            f"dagster dev ready after {example.ready_s:.1f} s, shards shared after {example.startup_s:.1f} s",
+            flush=True,
+        )
+        yield example
     finally:
         dev.close()
 

@@ -2,7 +2,7 @@
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
 [--warmup-records 8000] [--spark connect|local] [--overhead-repeats 3] [--single-job-repeats 3]
-[--memory-runs 100] [--cpu-interval 0.5] [--timeout 1800]``
+[--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped] [--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
@@ -11,29 +11,40 @@
 3. the example deployment (``bench.deployment``: ``dagster dev``, the project's ``dagster.yaml``, the
    example's member sensors and stream asset) starts on a fresh instance and its members share the shards
    (``startup_s``); ``--warmup-records`` events are drained (``warmup_s``: a deployment's first runs also
-   pay for its Spark server compiling these queries); then ``--records`` clickstream events arrive, and
-   ``drain_s`` is the time from the end of producing until Kafka's group offsets reach the high watermarks.
-   The backlog's runs are those Dagster created from the end of the warm-up until then: ``runs``,
-   ``launch_p50_s`` (median of run created to run started, from the run records' create_timestamp and
-   start_time as GraphQL serves them) and ``run_cpu_s_outside_spark``: the median over the runs of the CPU
-   spent by the run's own worker process (with its non-Spark children), plus its share of the code server's
-   and the fork servers' own CPU over the window. The worker is the process a run's ``streamgroup/run_worker``
-   tag names (``ForkServerRunLauncher``: PID and start time; a forked child of the fork server), or, for a
-   launcher that tags none (Dagster's default), a topmost process the code server started in the window. It is
-   **sampled** from ``/proc`` every ``--cpu-interval`` while it lives; the CPU of its last interval, which the
-   sampling misses, is added back from its parent's **children's accounting** (the fork server or the code
-   server reaps it: their ``cutime`` gains the worker's whole CPU), split equally over that parent's runs.
-   Readings start when the window opens, so a fork server's preload (before it) is not counted; a fork server
-   started during the window (code changed, location reloaded) has its preload printed apart;
-4. ``single_job_s``: the example's user function over the same ranges (each shard's backlog as one range)
-   in ONE warm session of the deployment's kind (``bench.single_job``: the example's own Spark resource,
-   so a Connect session on the same server by default), best of ``--single-job-repeats`` after a warm-up
-   call, with ``dagster dev`` stopped; ``ratio_single_job = drain_s / single_job_s``;
-5. ``connect_server_rss_mb_after_100_runs``: ``--memory-runs`` more runs of the ``per_run_overhead_s`` kind,
+   pay for its Spark server compiling these queries);
+4. **the backlog from a standing start**, as the single job meets it: the member sensors are stopped over
+   GraphQL (as a user stops them in the UI) and their last ticks and runs end; ``--records`` clickstream
+   events arrive (``produce_s``); then the sensors start, and ``drain_s`` runs from their start until Kafka's
+   group offsets reach the high watermarks. The members' session (``--session-timeout``, 300 s) outlasts
+   the pause, so they start as a group that kept its shards, not with a rebalance. The backlog's runs are
+   those Dagster created from the start until then: ``runs``, ``launch_p50_s`` (median of run created to
+   run started, from the run records' create_timestamp and start_time as GraphQL serves them) and
+   ``run_cpu_s_outside_spark``: the median over the runs of the CPU spent by the run's own worker process
+   (with its non-Spark children), plus its share of the code server's, the daemon's and the fork servers'
+   own CPU over the window (the daemon creates and launches the runs). The worker is the process a run's
+   ``streamgroup/run_worker`` tag names (``ForkServerRunLauncher``: PID and start time; a forked child of
+   the fork server), or, for a launcher that tags none (Dagster's default), a topmost process the code
+   server started in the window. It is **sampled** from ``/proc`` every ``--cpu-interval`` while it lives;
+   the CPU of its last interval, which the sampling misses, is added back from its parent's **children's
+   accounting** (the fork server or the code server reaps it: their ``cutime`` gains the worker's whole
+   CPU), split equally over that parent's runs. Readings start when the window opens, so a fork server's
+   preload (before it) is not counted; a fork server started during the window (code changed, location
+   reloaded) has its preload printed apart. ``spark_connect_server_cpu_s_per_run``: the Connect server's
+   CPU over the window divided by the runs, a figure of its own (the work the runs send there);
+5. **the measure before**, for comparison (``--no-overlapped`` skips it): ``--records`` more events arrive
+   with the sensors running, and ``drain_overlapped_s`` runs from the end of producing until the offsets
+   reach the watermarks; ``first_run_overlapped_s`` is when its first run was created (negative: before
+   producing ended, draining part of the backlog before that clock started);
+6. ``single_job_s``: the example's user function over the standing-start backlog's ranges (each shard's
+   backlog as one range) in ONE warm session of the deployment's kind (``bench.single_job``: the example's
+   own Spark resource, so a Connect session on the same server by default), best of
+   ``--single-job-repeats`` after a warm-up call, with ``dagster dev`` stopped;
+   ``ratio_single_job = drain_s / single_job_s`` (and ``ratio_single_job_overlapped`` with the measure before);
+7. ``connect_server_rss_mb_after_100_runs``: ``--memory-runs`` more runs of the ``per_run_overhead_s`` kind,
    one after another on the same Connect server, with the server tree's RSS sampled every 10
    (``connect_server_rss_mb_by_run``): its memory stays bounded over many runs;
-6. ``raw_consumer_s``: one confluent-kafka consumer reads the same backlog (the project's range reader, in
-   this process); ``ratio = drain_s / raw_consumer_s``.
+8. ``raw_consumer_s``: one confluent-kafka consumer reads the standing-start backlog (the project's range
+   reader, in this process); ``ratio = drain_s / raw_consumer_s``.
 
 Targets are printed next to the figures, never asserted: ratio_single_job <= 2.0, runs <= 3 x members,
 launch_p50_s <= 1.0, run_cpu_s_outside_spark <= 0.5. The last line is one JSON object.
@@ -51,13 +62,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from bench import deployment, process_cpu
-from bench.deployment import ASSET, Deployment, ExampleSettings, running_example
+from bench.deployment import ASSET, HEARTBEAT_S, Deployment, ExampleSettings, running_example
 from bench.figures import median_or_none, rounded, target_line
 from bench.single_job import single_job_seconds
 from bench.spark_overhead import consecutive_runs, mib, run_process
@@ -69,6 +81,12 @@ from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.spark.ranges import ShardRange
 from dagster_streamgroup.streams.kafka import PartitionRange, read_ranges
 from jobs.clickstream_events import produce_burst, producers
+
+SESSION_TIMEOUT_S = 300.0
+"""Default of ``--session-timeout``: the members' session outlasts the pause in which the backlog is produced
+with their sensors stopped (2,000,000 records take some tens of seconds on a loaded machine)."""
+COMMIT_POLL_S = 0.5
+"""How often the drains read Kafka's group offsets: the drains' figures are this precise."""
 
 
 def raw_consumer_seconds(
@@ -99,12 +117,12 @@ def run_label(tags: dict[str, str]) -> str:
     return " ".join(f"{k.removeprefix('streamgroup/')}={v}" for k, v in shown)
 
 
-def print_timeline(runs: list[dict[str, Any]], produced_at: float, done: dict[str, list[dict[str, Any]]]) -> None:
-    """Each run's created/started/ended marks and what its materializations say it read and how long its
-    Spark read and its user function took."""
+def print_timeline(runs: list[dict[str, Any]], origin: float, done: dict[str, list[dict[str, Any]]], what: str) -> None:
+    """Each run's created/started/ended marks (seconds after ``origin``, when ``what``) and what its
+    materializations say it read and how long its Spark read and its user function took."""
     for run in sorted(runs, key=lambda r: r["creationTime"]):
         marks = [run.get(key) for key in ("creationTime", "startTime", "endTime")]
-        since = " ".join("-" if mark is None else f"{mark - produced_at:+7.1f}" for mark in marks)
+        since = " ".join("-" if mark is None else f"{mark - origin:+7.1f}" for mark in marks)
         ms = done.get(run["runId"], [])
         records = sum(int(m.get("records") or 0) for m in ms)
         read = (
@@ -113,7 +131,7 @@ def print_timeline(runs: list[dict[str, Any]], produced_at: float, done: dict[st
             if ms
             else "no materialization"
         )
-        print(f"  {run_label(run['tags']):<60} created/started/ended (s after producing) {since}  {read}")
+        print(f"  {run_label(run['tags']):<60} created/started/ended (s after {what}) {since}  {read}")
 
 
 def workers_of(runs: list[dict[str, Any]]) -> list[process_cpu.Worker | None]:
@@ -158,6 +176,172 @@ def finished(
     return runs, exited
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """Where a timed backlog starts and ends in each shard, and the figures of its drain."""
+
+    starts: dict[str, int]
+    highs: dict[str, int]
+    figures: dict[str, Any]
+
+
+STOP_ATTEMPTS = 3
+
+
+def stop_members(example: Deployment, timeout_s: float) -> tuple[list[str], int, float]:
+    """Stop every member sensor of the example (its only sensors), wait until their ticks have ended, and
+    check that the group kept its members and their shards; the sensors' names, the attempts it took and
+    when the last one began (epoch seconds).
+
+    A member sensor makes a peer stopped in Dagster leave at its next tick. The sensors are stopped in one
+    request just after a daemon pass, so no tick should see some stopped and others running; should one
+    have (a member left), the sensors start again, the members share the shards again, and the stop is
+    tried again."""
+    names = sorted(example.sensors())
+    if not names:
+        raise RuntimeError("the example has no sensors to stop")
+    for attempt in range(1, STOP_ATTEMPTS + 1):
+        since = time.time()
+        example.stop_sensors(names, timeout_s)
+        if example.shared() and not example.membership_changes(since):
+            return names, attempt, since
+        print(f"stopping the sensors changed the group: {example.membership_changes(since)}; again", flush=True)
+        example.start_sensors(names)
+        wait_for("the members to share the shards again", example.shared, timeout_s, 1.0)
+    raise RuntimeError(f"the member sensors could not be stopped without changing the group ({STOP_ATTEMPTS} tries)")
+
+
+def standing_start(
+    args: argparse.Namespace,
+    example: Deployment,
+    produce: Callable[[int], None],
+    cpu_roots: dict[str, int],
+    warm: tuple[process_cpu.TreeSampler, float, float],
+) -> Backlog:
+    """The backlog from a standing start, as ``single_job_s`` meets it: the member sensors are stopped (and
+    the warm-up's runs have ended), ``--records`` events are produced, then the sensors start and ``drain_s``
+    runs from just before the start request until Kafka's group offsets reach the high watermarks.
+
+    With the sensors running while the backlog arrives, the deployment drains part of it before producing
+    ends (the first wave of runs used to be created 4.6-9.4 s before, holding about half the backlog), so a
+    clock started at the end of producing leaves that work out; the single job has none of that head start.
+    The group's session timeout must outlast the pause (``--session-timeout``), or the members would evict
+    each other on their first ticks and start with a rebalance instead of a drain.
+
+    The backlog's runs are those Dagster created from the start until the drain; CPU is counted from the
+    start until those runs' processes have exited."""
+    warm_sampler, warm_wall, warm_boot = warm
+    members, stop_attempts, stopped_wall = stop_members(example, args.timeout)
+    # A tick begun before the stop may have launched runs: they end before the backlog arrives.
+    finished(example, warm_sampler, warm_wall, warm_boot, time.time(), args.timeout)
+    warm_sampler.stop()
+    quiet_wall = time.time()
+    starts = example.highs()
+    produce_started = time.perf_counter()
+    produce(args.records)
+    highs = example.highs()
+    produce_s = time.perf_counter() - produce_started
+    produced = sum(highs.values()) - sum(starts.values())
+    print(f"{produced} records produced in {produce_s:.1f} s, sensors stopped", flush=True)
+
+    roots = {**cpu_roots, "dagster_dev": example.pid}
+    window_wall, window_boot = time.time(), process_cpu.uptime_s()
+    sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
+    cpu_before = process_cpu.cpu_by_part(roots)
+    started, started_wall = time.perf_counter(), time.time()
+    pause_s = started_wall - stopped_wall
+    example.start_sensors(members)
+    start_mutations_s = time.perf_counter() - started
+    example.wait_committed("the backlog to drain", highs, args.timeout, COMMIT_POLL_S)
+    drain_s = time.perf_counter() - started
+    drained_wall = time.time()
+    print(f"drained {drain_s:.1f} s after the {len(members)} member sensors started; its runs end next", flush=True)
+    paused_runs = example.runs_created(quiet_wall, started_wall)
+    if paused_runs:
+        print(f"WARNING: {len(paused_runs)} runs were created while the sensors were stopped", flush=True)
+    changes = example.membership_changes(stopped_wall)
+    if changes:
+        print(f"WARNING: the group changed from the stop to the drain: {changes}", flush=True)
+    if pause_s + 3 * HEARTBEAT_S > args.session_timeout:  # their last heartbeat, then the daemon's next pass
+        print(
+            f"WARNING: the sensors were stopped {pause_s:.0f} s, near or over the session timeout "
+            f"({args.session_timeout:g} s): the members may have evicted each other",
+            flush=True,
+        )
+
+    runs, exited = finished(example, sampler, window_wall, window_boot, drained_wall, args.timeout)
+    cpu_after = process_cpu.cpu_by_part(roots)
+    sampler.stop()
+    done = materializations_of(example, runs)
+    counts = deployment.statuses(runs)
+    print(f"drained in {drain_s:.1f} s with {len(runs)} runs {counts}", flush=True)
+    timings = deployment.run_timings(runs)
+    print(f"run timings (median s): {timings}", flush=True)
+    print_timeline(runs, started_wall, done, "the sensors started")
+    cpu_s = process_cpu.difference(cpu_after, cpu_before)
+    print(f"CPU seconds from the sensors' start until the backlog's runs exited, by part: {cpu_s}", flush=True)
+    run_cpu = process_cpu.run_cpu_figures(sampler.snapshot(), window_boot, workers_of(runs))
+    print_run_cpu(run_cpu, len(runs), exited)
+    launches = deployment.launch_seconds(runs)
+    connect_s = cpu_s.get("spark_connect_server")
+    connect_per_run = rounded(connect_s / len(runs)) if connect_s is not None and runs else None
+    figures: dict[str, Any] = {
+        "drain_cpu_s": cpu_s,
+        "run_timings_median_s": timings,
+        "drain_s": round(drain_s, 2),
+        "produce_s": round(produce_s, 2),
+        "pause_s": round(pause_s, 2),
+        "runs_during_pause": len(paused_runs),
+        "stop_attempts": stop_attempts,
+        "membership_changes": changes,
+        "start_mutations_s": round(start_mutations_s, 2),
+        "first_run_after_start_s": rounded(min(r["creationTime"] for r in runs) - started_wall) if runs else None,
+        "runs": len(runs),
+        "run_statuses": counts,
+        "launch_p50_s": rounded(median_or_none(launches)),
+        "launch_s_max": rounded(max(launches)) if launches else None,
+        "run_cpu_s_outside_spark": rounded(median_or_none(run_cpu.per_run_outside_spark_s)),
+        "spark_connect_server_cpu_s_per_run": connect_per_run,
+        "run_worker": {"via": run_cpu.via, "sampled": run_cpu.workers_sampled},
+        "run_cpu": run_cpu_json(run_cpu),
+    }
+    return Backlog(starts, highs, figures)
+
+
+def overlapped(args: argparse.Namespace, example: Deployment, produce: Callable[[int], None]) -> dict[str, Any]:
+    """The measure before, for comparison: ``--records`` more events arrive while the sensors run, and the
+    clock runs from the end of producing until the group's offsets reach the high watermarks. Its runs are
+    those created from the start of producing until then; ``first_run_overlapped_s`` is when the first of
+    them was created, after the end of producing (negative: before it ended, so part of the backlog was
+    drained before the clock started)."""
+    sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
+    since_wall, since_boot = time.time(), process_cpu.uptime_s()
+    produce(args.records)
+    highs = example.highs()
+    produced_wall, produced = time.time(), time.perf_counter()
+    example.wait_committed("the overlapped backlog to drain", highs, args.timeout, COMMIT_POLL_S)
+    drain_s = time.perf_counter() - produced
+    runs, _ = finished(example, sampler, since_wall, since_boot, time.time(), args.timeout)
+    sampler.stop()
+    print(f"overlapped (the measure before): drained {drain_s:.1f} s after producing, {len(runs)} runs", flush=True)
+    print_timeline(runs, produced_wall, materializations_of(example, runs), "producing ended")
+    first = min((r["creationTime"] for r in runs), default=None)
+    return {
+        "drain_overlapped_s": round(drain_s, 2),
+        "runs_overlapped": len(runs),
+        "first_run_overlapped_s": rounded(first - produced_wall) if first is not None else None,
+    }
+
+
+def materializations_of(example: Deployment, runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    ids = {run["runId"] for run in runs}
+    done: dict[str, list[dict[str, Any]]] = {}
+    for m in example.dev.materializations(ASSET):
+        if m["runId"] in ids:
+            done.setdefault(m["runId"], []).append(m)
+    return done
+
+
 def drain(
     args: argparse.Namespace,
     bootstrap: str,
@@ -169,71 +353,40 @@ def drain(
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, int], dict[str, int]]:
     """The example deployment starts on an empty topic and its members share the shards (``startup_s``); a
     warm-up of ``--warmup-records`` is produced and drained (``warmup_s``: the first runs of a deployment also
-    pay for the Spark server's JIT and code generation of these queries); then the backlog is produced, and
-    ``drain_s`` runs from the end of producing until Kafka's group offsets reach the high watermarks: how fast
-    a running deployment drains a backlog, without the one-off start.
+    pay for the Spark server's JIT and code generation of these queries); then the backlog from a standing
+    start (``standing_start``) and, unless ``--no-overlapped``, the measure before (``overlapped``).
 
-    The backlog's runs are those created from the end of the warm-up until the drain; CPU is counted from
-    the end of the warm-up until those runs' processes have exited. Returns the figures, the example's
-    environment, and where the backlog starts and ends in each shard."""
-    settings = ExampleSettings(members=args.members, max_records_per_run=args.max_records_per_run, spark_remote=remote)
+    Returns the figures, the example's environment, and where the standing-start backlog starts and ends in
+    each shard (the single job and the raw consumer read the same records)."""
+    settings = ExampleSettings(
+        members=args.members,
+        heartbeat_s=HEARTBEAT_S,
+        session_timeout_s=args.session_timeout,
+        max_records_per_run=args.max_records_per_run,
+        spark_remote=remote,
+        # Member ids fixed from the first tick: ids derived from the instance's storage id can differ on the
+        # very first ticks, and a long session timeout would keep those stale members until it ran out.
+        deployment=f"bench-{uuid.uuid4().hex[:8]}",
+    )
     with running_example(bootstrap, topic, work, settings, args.timeout) as example:
         warm_started, warm_wall, warm_boot = time.perf_counter(), time.time(), process_cpu.uptime_s()
         warm_sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
         produce(args.warmup_records)
-        starts = example.highs()
-        example.wait_committed("the warm-up to drain", starts, args.timeout)
+        example.wait_committed("the warm-up to drain", example.highs(), args.timeout)
         warmup_s = time.perf_counter() - warm_started
         print(f"warm-up of {args.warmup_records} records drained after {warmup_s:.1f} s", flush=True)
-        # Its runs end (materializations, process exit) before the backlog's window opens.
-        finished(example, warm_sampler, warm_wall, warm_boot, time.time(), args.timeout)
-        warm_sampler.stop()
-
-        roots = {**cpu_roots, "dagster_dev": example.pid}
-        window_wall, window_boot = time.time(), process_cpu.uptime_s()
-        sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
-        cpu_before = process_cpu.cpu_by_part(roots)
-        produce(args.records)
-        highs = example.highs()
-        produced_at = time.time()
-        drain_s = example.wait_committed("the backlog to drain", highs, args.timeout)
-        drained_wall = time.time()
-        print(f"drained {drain_s:.1f} s after producing; waiting for the backlog's runs to end", flush=True)
-
-        runs, exited = finished(example, sampler, window_wall, window_boot, drained_wall, args.timeout)
-        cpu_after = process_cpu.cpu_by_part(roots)
-        sampler.stop()
-        done: dict[str, list[dict[str, Any]]] = {}
-        for m in example.dev.materializations(ASSET):
-            if m["runId"] in {run["runId"] for run in runs}:
-                done.setdefault(m["runId"], []).append(m)
+        backlog = standing_start(args, example, produce, cpu_roots, (warm_sampler, warm_wall, warm_boot))
+        figures: dict[str, Any] = {
+            "warmup_s": round(warmup_s, 2),
+            "startup_s": round(example.startup_s, 2),
+            "ready_s": round(example.ready_s, 2),
+            "session_timeout_s": args.session_timeout,
+            **backlog.figures,
+        }
+        if args.overlapped:
+            figures.update(overlapped(args, example, produce))
         env = example.env
-    counts = deployment.statuses(runs)
-    print(f"drained in {drain_s:.1f} s with {len(runs)} runs {counts}", flush=True)
-    timings = deployment.run_timings(runs)
-    print(f"run timings (median s): {timings}", flush=True)
-    print_timeline(runs, produced_at, done)
-    cpu_s = process_cpu.difference(cpu_after, cpu_before)
-    print(f"CPU seconds from the end of the warm-up until the backlog's runs exited, by part: {cpu_s}", flush=True)
-    run_cpu = process_cpu.run_cpu_figures(sampler.snapshot(), window_boot, workers_of(runs))
-    print_run_cpu(run_cpu, len(runs), exited)
-    launches = deployment.launch_seconds(runs)
-    figures: dict[str, Any] = {
-        "warmup_s": round(warmup_s, 2),
-        "drain_cpu_s": cpu_s,
-        "run_timings_median_s": timings,
-        "drain_s": round(drain_s, 2),
-        "startup_s": round(example.startup_s, 2),
-        "ready_s": round(example.ready_s, 2),
-        "runs": len(runs),
-        "run_statuses": counts,
-        "launch_p50_s": rounded(median_or_none(launches)),
-        "launch_s_max": rounded(max(launches)) if launches else None,
-        "run_cpu_s_outside_spark": rounded(median_or_none(run_cpu.per_run_outside_spark_s)),
-        "run_worker": {"via": run_cpu.via, "sampled": run_cpu.workers_sampled},
-        "run_cpu": run_cpu_json(run_cpu),
-    }
-    return figures, env, starts, highs
+    return figures, env, backlog.starts, backlog.highs
 
 
 def run_cpu_json(run_cpu: process_cpu.RunCpu) -> dict[str, Any]:
@@ -243,6 +396,8 @@ def run_cpu_json(run_cpu: process_cpu.RunCpu) -> dict[str, Any]:
         "workers_reaped_s": round(run_cpu.reaped_s, 2),
         "tail_s": round(run_cpu.tail_s, 2),
         "code_server_s": round(run_cpu.code_server_s, 2),
+        "daemon_s": round(run_cpu.daemon_s, 2),
+        "daemon_per_run_s": round(run_cpu.daemon_s / run_cpu.runs, 3) if run_cpu.runs else None,
         "fork_server_s": round(run_cpu.fork_server_s, 2),
         "fork_servers_started": run_cpu.fork_servers_started,
         "fork_server_preload_in_window_s": round(run_cpu.fork_server_preload_s, 2),
@@ -260,8 +415,8 @@ def print_run_cpu(run_cpu: process_cpu.RunCpu, runs: int, exited: bool) -> None:
         f"  = worker sampled ({run_cpu.sampled_s - run_cpu.local_spark_s:.2f} s in all) "
         f"+ tail the sampling missed ({run_cpu.tail_s:.2f} s: reaped by fork/code server {run_cpu.reaped_s:.2f} s "
         f"less sampled), split over each reaper's runs\n"
-        f"  + shared: code server {run_cpu.code_server_s:.2f} s + fork servers {run_cpu.fork_server_s:.2f} s "
-        f"= {run_cpu.shared_s / n:.3f} s per run\n"
+        f"  + shared: code server {run_cpu.code_server_s:.2f} s + daemon {run_cpu.daemon_s:.2f} s "
+        f"+ fork servers {run_cpu.fork_server_s:.2f} s = {run_cpu.shared_s / n:.3f} s per run\n"
         f"  fork servers started in the window: {run_cpu.fork_servers_started} (preload "
         f"{run_cpu.fork_server_preload_s:.2f} s, not per run); local Spark in runs {run_cpu.local_spark_s:.2f} s",
         flush=True,
@@ -277,6 +432,12 @@ def print_targets(result: dict[str, Any], members: int) -> None:
         target_line("run_cpu_s_outside_spark", result["run_cpu_s_outside_spark"], 0.5),
     ):
         print(f"  {line}", flush=True)
+    if "ratio_single_job_overlapped" in result:
+        print(
+            f"  (the measure before, clock from the end of producing with the sensors running: drain "
+            f"{result['drain_overlapped_s']} s, ratio_single_job_overlapped {result['ratio_single_job_overlapped']})",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,6 +456,18 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-runs", type=int, default=100, help="consecutive Connect runs after the drain, for the server's RSS"
     )
     parser.add_argument("--cpu-interval", type=float, default=0.5, help="seconds between readings of run processes")
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=SESSION_TIMEOUT_S,
+        help="the members' session timeout (s): it must outlast the pause in which the backlog is produced",
+    )
+    parser.add_argument(
+        "--overlapped",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also drain a second backlog the measure before did (sensors running while it arrives)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
     args = parser.parse_args(argv)
     for name in ("records", "partitions", "members", "warmup_records", "single_job_repeats"):
@@ -306,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--memory-runs and --overhead-repeats must be >= 0")
     if not 0.05 <= args.cpu_interval <= 10:
         parser.error("--cpu-interval must be within 0.05..10 seconds")
+    if args.session_timeout < 2 * HEARTBEAT_S:
+        parser.error(f"--session-timeout must be >= {2 * HEARTBEAT_S:g} (two heartbeats)")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dagster_streamgroup.local.spark_connect import running_connect_server
@@ -352,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         result.update(records=records, raw_consumer_s=round(raw_s, 3))
     result["ratio"] = round(result["drain_s"] / result["raw_consumer_s"], 1)
     result["ratio_single_job"] = round(result["drain_s"] / result["single_job_s"], 2)
+    if "drain_overlapped_s" in result:
+        result["ratio_single_job_overlapped"] = round(result["drain_overlapped_s"] / result["single_job_s"], 2)
     print_targets(result, args.members)
     print(json.dumps(result))
     return 0

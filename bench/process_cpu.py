@@ -32,13 +32,14 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 CODE_SERVER = "code_server"
 FORK_SERVER = "fork_server"
+DAEMON = "daemon"
 RUNS = "runs"
 SPARK_IN_RUNS = "spark_in_runs"
 CODE_SERVER_AND_RUNS = "code_server_and_runs"
 
 ROLES: tuple[tuple[bytes, str], ...] = (
-    (b"dagster._daemon", "daemon"),
-    (b"dagster-daemon", "daemon"),
+    (b"dagster._daemon", DAEMON),
+    (b"dagster-daemon", DAEMON),
     (b"dagster_webserver", "webserver"),
     (b"dagster-webserver", "webserver"),
     (b"code-server start", CODE_SERVER),
@@ -287,7 +288,7 @@ class Worker:
 
 @dataclass(frozen=True)
 class RunCpu:
-    """CPU seconds of the runs' workers, the code server and the fork servers over a window (see
+    """CPU seconds of the runs' workers, the code server, the daemon and the fork servers over a window (see
     ``run_cpu_figures``)."""
 
     per_run_outside_spark_s: list[float]
@@ -306,6 +307,9 @@ class RunCpu:
     """``reaped_s`` minus the sampled CPU of those reapers' runs (when positive): what the sampling missed."""
     code_server_s: float
     """Own CPU of the code server over the window (sensor ticks, run launches of Dagster's default launcher)."""
+    daemon_s: float
+    """Own CPU of the daemon over the window: it creates the runs its sensors request and, with the project's
+    coordinator and launcher, launches them (the fork request); its loops of other daemons come with it."""
     fork_server_s: float
     """Own CPU of the fork servers over the window, after their preload (forks, reaping)."""
     fork_server_preload_s: float
@@ -317,7 +321,7 @@ class RunCpu:
 
     @property
     def shared_s(self) -> float:
-        return self.code_server_s + self.fork_server_s
+        return self.code_server_s + self.daemon_s + self.fork_server_s
 
 
 def _fork_server_cpu(entry: Seen, window_start_s: float) -> tuple[float, float]:
@@ -334,7 +338,13 @@ def run_cpu_figures(
     """Per-run CPU of the runs created in a window, from a sampler started when the window opened (its first
     readings are the window's start: what a process spent before, a fork server's preload above all, is not
     counted). ``workers`` holds one entry per run: its tagged worker, or None for a run of a launcher that
-    tags none, whose worker is then one of ``run_processes``."""
+    tags none, whose worker is then one of ``run_processes``.
+
+    What the runs cost outside their own processes is shared equally among them: the code server's own CPU
+    (sensor ticks), the fork servers' (forks, reaping) and the daemon's. The daemon creates the runs the
+    ticks request and, with ``MemberRunCoordinator`` and ``ForkServerRunLauncher``, launches them; leaving
+    it out undercounts a run by what its creation and launch cost (it has other loops too, which a run-free
+    window would show: those are counted, not subtracted)."""
     tagged = {worker_key(w.pid, w.start_ticks) for w in workers if w is not None}
     untagged_roots = sorted(
         (key for key in run_processes(seen, window_start_s) if key not in tagged), key=lambda k: seen[k].started_s
@@ -384,9 +394,11 @@ def run_cpu_figures(
             tail_share[i] = tail / len(mine)
 
     code_server_s = sum(seen[key].last_own_s - seen[key].first_own_s for key in code_servers)
+    # The daemon's own time only: its children's time would hold a fork server that exited (its preload).
+    daemon_s = sum(e.last_own_s - e.first_own_s for e in seen.values() if e.role == DAEMON)
     fork = [_fork_server_cpu(e, window_start_s) for e in seen.values() if e.role == FORK_SERVER]
     fork_server_s = sum(serving for serving, _ in fork)
-    share = (code_server_s + fork_server_s) / len(own) if own else 0.0
+    share = (code_server_s + daemon_s + fork_server_s) / len(own) if own else 0.0
     return RunCpu(
         per_run_outside_spark_s=[outside + tail + share for (outside, _), tail in zip(own, tail_share, strict=True)],
         runs=len(own),
@@ -397,6 +409,7 @@ def run_cpu_figures(
         reaped_s=reaped_total,
         tail_s=tail_total,
         code_server_s=code_server_s,
+        daemon_s=daemon_s,
         fork_server_s=fork_server_s,
         fork_server_preload_s=sum(preload for _, preload in fork),
         fork_servers_started=sum(1 for e in seen.values() if e.role == FORK_SERVER and e.started_s >= window_start_s),

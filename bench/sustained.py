@@ -2,7 +2,7 @@
 
 ``python -m bench.sustained [--rates 1000,20000,50000] [--minutes 4] [--partitions 32] [--members 3]
 [--spark connect|local] [--max-records-per-run N] [--warmup-records 8000] [--sample-s 2] [--settle-s 60]
-[--growth-tolerance 0.1] [--timeout 300]``
+[--growth-tolerance 0.02] [--behind-tolerance 0.2] [--timeout 300]``
 
 1. the local broker, a ``--partitions`` topic, the local Spark Connect server, and the example deployment
    (``bench.deployment``: ``dagster dev`` with the example's member sensors and stream asset and the
@@ -17,19 +17,24 @@
      not committed (when it appeared at the broker, interpolated from the watermark history);
      ``lag_over_rate_s_p50``/``p95``: records behind divided by the rate;
    - ``lag_slope_records_per_s``: least-squares slope of the lag over the phase's second half, and
-     ``lag_peak_growth_records_per_s``: how fast its peaks rose over that half (the line through the
-     highest lag of its first half and the highest of its last half); the rate is ``sustained`` when the
-     peaks rose by less than ``--growth-tolerance`` x the rate (runs commit in steps: the sawtooth's
-     least-squares slope swings by up to a quarter of the rate either way while its peaks stay level);
+     ``lag_peak_growth_records_per_s``: how fast its tops rose over that half, the least-squares line through
+     every top of the sawtooth (runs commit in steps: the sawtooth's least-squares slope swings by up to a
+     quarter of the rate either way while its tops stay level);
+   - ``sustained`` (``judge_sustained``, a pure function of the samples): the tops rose by at most
+     ``--growth-tolerance`` (0.02) x the rate, the group caught up within ``--settle-s`` after producing
+     stopped, and the mean seconds behind of the phase's fourth quarter is not above that of its third by
+     more than ``--behind-tolerance`` (0.2) of it (at least one sample interval). ``sustained_failed`` names
+     what failed; ``sustained_old_rule`` and ``lag_peak_growth_two_point_records_per_s`` are the rule before
+     (two tops, 10% of the rate, nothing else), for comparison;
    - ``runs_per_minute`` (runs Dagster created during the phase) and ``deployment_cores``: CPU seconds per
      second of every process of the deployment (daemon, webserver, code server, runs, Spark Connect
      server), with ``cores_by_part``;
 
    then the producer stops and the deployment gets up to ``--settle-s`` to catch up before the next rate
-   (so one rate's backlog does not count against the next).
+   (so one rate's backlog does not count against the next; catching up is also one of the conditions).
 
 The last line is one JSON object: the per-rate figures plus ``max_sustained_events_per_s`` (the highest
-rate whose lag did not grow: the rate asked for when the producer reached 97% of it, else what it reached),
+sustained rate: the rate asked for when the producer reached 97% of it, else what it reached),
 ``p95_seconds_behind_at_max`` and ``cores_at_1000``. Targets are printed, never asserted: 50,000 events/s
 sustained with p95 <= 30 s behind; <= 0.5 cores at 1,000 events/s. The run takes at most about
 ``len(rates) x (minutes + settle)`` plus start-up and warm-up.
@@ -41,11 +46,14 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +69,114 @@ DEPLOYMENT_PARTS = ("dagster_dev", "daemon", "webserver", process_cpu.CODE_SERVE
 PRODUCER_REACHED = 0.97
 """A phase counts at the rate asked for when its producer reached this share of it."""
 COMMAND_TIMEOUT_S = 120.0
+GROWTH_TOLERANCE = 0.02
+"""Default of ``--growth-tolerance``: the lag's peaks may rise by at most this share of the rate."""
+BEHIND_TOLERANCE = 0.2
+"""Default of ``--behind-tolerance``: how much higher the mean seconds behind of the window's fourth quarter
+may be than that of its third, as a share of the third's. Not a measured figure: a simulated sawtooth (three
+members committing every 8-25 s, +-20% jitter, read every 2 s over 4-minute windows) moved the quarters' means
+apart by under 17% of their level in 99% of windows, with nothing falling behind. The sawtooth's phase, not a
+trend, decides that difference, so a fixed number of seconds would fail long run cycles by chance."""
+OLD_GROWTH_TOLERANCE = 0.1
+"""The rule before: two-point peak growth within 10% of the rate, nothing else (``old_rule_sustained``)."""
+
+
+def lag_peaks(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The tops of the lag's sawtooth: every sample the next one is lower than (a commit came between them),
+    unless the one before was higher still (then it is a step down of a commit in parts, not a top), and the
+    last sample when it stands above every top found (the tooth in progress has risen at least that far).
+
+    A run commits its ranges at once, so the lag drops in steps; just before a drop it is as high as that
+    tooth got (as sampled). A last sample below the last top is left out: its tooth may still rise."""
+    peaks = [
+        points[i]
+        for i in range(len(points) - 1)
+        if points[i + 1][1] < points[i][1] and (i == 0 or points[i - 1][1] <= points[i][1])
+    ]
+    if points and (not peaks or points[-1][1] > max(y for _, y in peaks)):
+        peaks.append(points[-1])
+    return peaks
+
+
+def fitted_peak_growth(points: Sequence[tuple[float, float]], start: float, end: float) -> tuple[float | None, int]:
+    """How fast the lag's tops rise over the second half of ``[start, end]``: the least-squares slope through
+    all of them (``lag_peaks``), in records per second, and how many there were.
+
+    Through every top instead of two, one high or low tooth moves the line little. With fewer than two tops,
+    or tops closer together than an eighth of the window, there is no sawtooth to see through (the lag only
+    rose, or stayed flat): the slope through every sample of the half is the growth."""
+    half = second_half(points, start, end)
+    peaks = lag_peaks(half)
+    if len(peaks) >= 2 and peaks[-1][0] - peaks[0][0] >= (end - start) / 8:
+        return slope(peaks), len(peaks)
+    return slope(half), len(peaks)
+
+
+def quarter_means(ages: Sequence[tuple[float, float]], start: float, end: float) -> tuple[float | None, float | None]:
+    """Mean seconds behind over the third and the fourth quarter of ``[start, end]`` (None: no sample there)."""
+    length = end - start
+    third = [age for t, age in ages if start + length / 2 <= t < start + 3 * length / 4]
+    fourth = [age for t, age in ages if start + 3 * length / 4 <= t <= end]
+    return (statistics.fmean(third) if third else None, statistics.fmean(fourth) if fourth else None)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a rate was sustained, and each condition's figure (``judge_sustained``)."""
+
+    sustained: bool
+    failed: tuple[str, ...]
+    """The conditions that failed: ``lag_peaks_growing``, ``not_caught_up``, ``seconds_behind_rising``."""
+    peak_growth_records_per_s: float | None
+    peaks: int
+    growth_limit_records_per_s: float
+    behind_q3_s: float | None
+    behind_q4_s: float | None
+    behind_rise_limit_s: float | None
+
+
+def judge_sustained(
+    points: Sequence[tuple[float, float]],
+    ages: Sequence[tuple[float, float]],
+    start: float,
+    end: float,
+    rate: float,
+    caught_up: bool,
+    *,
+    growth_tolerance: float = GROWTH_TOLERANCE,
+    behind_tolerance: float = BEHIND_TOLERANCE,
+    behind_floor_s: float = 2.0,
+) -> Verdict:
+    """A rate is sustained when all three hold:
+
+    1. the lag's tops over the window's second half rise by at most ``growth_tolerance`` x ``rate`` records
+       per second, fitted through all of them (``fitted_peak_growth``);
+    2. the group caught up (committed everything produced) within the settle time after producing stopped:
+       a deployment that keeps up has a bounded backlog it can clear;
+    3. the mean seconds behind of the fourth quarter is at most that of the third plus
+       ``max(behind_floor_s, behind_tolerance x the third's)``: the group is not falling behind in time,
+       whatever the record counts say (a starved shard ages while the total lag stays level).
+
+    ``points`` are (time, records behind) and ``ages`` (time, seconds behind the oldest uncommitted record),
+    both sampled over ``[start, end]``. Pure: the samples in, the verdict out."""
+    failed: list[str] = []
+    growth, peaks = fitted_peak_growth(points, start, end)
+    limit = growth_tolerance * rate
+    if growth is None or growth > limit:
+        failed.append("lag_peaks_growing")
+    if not caught_up:
+        failed.append("not_caught_up")
+    q3, q4 = quarter_means(ages, start, end)
+    rise_limit = None if q3 is None else max(behind_floor_s, behind_tolerance * q3)
+    if q3 is None or q4 is None or rise_limit is None or q4 - q3 > rise_limit:
+        failed.append("seconds_behind_rising")
+    return Verdict(not failed, tuple(failed), growth, peaks, limit, q3, q4, rise_limit)
+
+
+def old_rule_sustained(points: Sequence[tuple[float, float]], start: float, end: float, rate: float) -> bool:
+    """The rule before, kept for comparison: the line through the highest lag of the second half's first and
+    last halves rose by at most 10% of the rate. Nothing else was required."""
+    return sustained(peak_growth(points, start, end), rate, OLD_GROWTH_TOLERANCE)
 
 
 def parse_rates(text: str) -> list[float]:
@@ -133,11 +249,22 @@ def phase(
     lags = [float(s.lag_records) for s in samples]
     ages = [s.oldest_age_s for s in samples]
     points = [(s.t, float(s.lag_records)) for s in samples]
-    least_squares, growth = slope(second_half(points, t0, t1)), peak_growth(points, t0, t1)
+    least_squares, two_point = slope(second_half(points, t0, t1)), peak_growth(points, t0, t1)
     runs = example.runs_created(wall0, wall1)
     cpu = process_cpu.difference(cpu_after, cpu_before)
     deployment_cpu = sum(cpu.get(part, 0.0) for part in DEPLOYMENT_PARTS)
     settle_s, caught_up = settle(sampler, example, args.settle_s)
+    verdict = judge_sustained(
+        points,
+        [(s.t, s.oldest_age_s) for s in samples],
+        t0,
+        t1,
+        achieved,
+        caught_up,
+        growth_tolerance=args.growth_tolerance,
+        behind_tolerance=args.behind_tolerance,
+        behind_floor_s=args.sample_s,
+    )
     figures: dict[str, Any] = {
         "target_events_per_s": rate,
         "achieved_events_per_s": round(achieved, 1),
@@ -152,8 +279,16 @@ def phase(
         "lag_over_rate_s_p50": rounded((percentile(lags, 50) or 0.0) / achieved if achieved else None, 1),
         "lag_over_rate_s_p95": rounded((percentile(lags, 95) or 0.0) / achieved if achieved else None, 1),
         "lag_slope_records_per_s": rounded(least_squares, 1),
-        "lag_peak_growth_records_per_s": rounded(growth, 1),
-        "sustained": sustained(growth, achieved, args.growth_tolerance),
+        "lag_peak_growth_records_per_s": rounded(verdict.peak_growth_records_per_s, 1),
+        "lag_peaks": verdict.peaks,
+        "lag_peak_growth_limit_records_per_s": round(verdict.growth_limit_records_per_s, 1),
+        "seconds_behind_q3_mean": rounded(verdict.behind_q3_s, 1),
+        "seconds_behind_q4_mean": rounded(verdict.behind_q4_s, 1),
+        "seconds_behind_rise_limit_s": rounded(verdict.behind_rise_limit_s, 1),
+        "sustained": verdict.sustained,
+        "sustained_failed": list(verdict.failed),
+        "lag_peak_growth_two_point_records_per_s": rounded(two_point, 1),
+        "sustained_old_rule": old_rule_sustained(points, t0, t1, achieved),
         "runs": len(runs),
         "runs_per_minute": round(len(runs) / (elapsed / 60), 2),
         "deployment_cores": round(deployment_cpu / elapsed, 3),
@@ -168,11 +303,15 @@ def phase(
         f"{produced['late_ticks']} late ticks); lag p50/p95 {figures['lag_records_p50']}/{figures['lag_records_p95']}"
         f" records, {figures['seconds_behind_p50']}/{figures['seconds_behind_p95']} s behind (lag/rate "
         f"{figures['lag_over_rate_s_p50']}/{figures['lag_over_rate_s_p95']} s); over the second half, slope "
-        f"{figures['lag_slope_records_per_s']} records/s, peaks {figures['lag_peak_growth_records_per_s']} "
-        f"records/s ({'sustained' if figures['sustained'] else 'GROWING'}); "
-        f"{figures['runs_per_minute']} runs/min; deployment {figures['deployment_cores']} cores "
-        f"{figures['cores_by_part']}; producer {figures['producer_cores']} cores, benchmark "
-        f"{figures['benchmark_cores']}; caught up after {figures['settle_s']} s: {caught_up}",
+        f"{figures['lag_slope_records_per_s']} records/s, {verdict.peaks} tops rising "
+        f"{figures['lag_peak_growth_records_per_s']} records/s (limit {figures['lag_peak_growth_limit_records_per_s']};"
+        f" two-point {figures['lag_peak_growth_two_point_records_per_s']}); seconds behind, mean of the 3rd/4th "
+        f"quarter {figures['seconds_behind_q3_mean']}/{figures['seconds_behind_q4_mean']} (rise limit "
+        f"{figures['seconds_behind_rise_limit_s']}); caught up after {figures['settle_s']} s: {caught_up}; "
+        f"{'SUSTAINED' if verdict.sustained else 'not sustained: ' + ', '.join(verdict.failed)} (old rule: "
+        f"{figures['sustained_old_rule']}); {figures['runs_per_minute']} runs/min; deployment "
+        f"{figures['deployment_cores']} cores {figures['cores_by_part']}; producer {figures['producer_cores']} cores, "
+        f"benchmark {figures['benchmark_cores']}",
         flush=True,
     )
     return figures
@@ -211,7 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between lag samples")
     parser.add_argument("--settle-s", type=float, default=60.0, help="at most this long to catch up after a rate")
     parser.add_argument(
-        "--growth-tolerance", type=float, default=0.1, help="growth of the lag's peaks / rate still sustained"
+        "--growth-tolerance",
+        type=float,
+        default=GROWTH_TOLERANCE,
+        help="growth of the lag's tops (fitted over all of them) / rate still sustained",
+    )
+    parser.add_argument(
+        "--behind-tolerance",
+        type=float,
+        default=BEHIND_TOLERANCE,
+        help="rise of the mean seconds behind from the 3rd to the 4th quarter / the 3rd's, still sustained",
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="start-up and warm-up budget in seconds")
     args = parser.parse_args(argv)
@@ -224,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-records-per-run must be >= 1")
     if not 0.5 <= args.sample_s <= 30 or args.settle_s < 0 or not 0 <= args.growth_tolerance < 1:
         parser.error("--sample-s must be within 0.5..30, --settle-s >= 0, --growth-tolerance within [0, 1)")
+    if args.behind_tolerance < 0:
+        parser.error("--behind-tolerance must be >= 0")
     bound_min = len(args.rates) * (args.minutes + args.settle_s / 60) + 2 * args.timeout / 60
     print(f"rates {args.rates} events/s, {args.minutes:g} min each: at most ~{bound_min:.0f} min", flush=True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -144,12 +144,13 @@ SERVER = (13, 2.0)
 
 
 def fork_launcher_table() -> dict[tuple[int, float], Seen]:
-    """A window of the fork-server launcher: the code server ticks sensors, the fork server (preloaded long
-    before the window) forks three workers; the sampler saw two of them, and the fork server reaped all three."""
+    """A window of the fork-server launcher: the code server ticks sensors, the daemon creates and launches the
+    runs, the fork server (preloaded long before the window) forks three workers; the sampler saw two of them,
+    and the fork server reaped all three."""
     w1, w2 = process_cpu.worker_key(20, ticks(50.0)), process_cpu.worker_key(21, ticks(55.0))
     return {
         CODE: seen(10, 1.0, None, "code_server", (30.0, 30.6)),
-        DAEMON: seen(12, 1.5, None, "daemon", (8.0, 12.0)),
+        DAEMON: seen(12, 1.5, None, "daemon", (8.0, 8.75), children=(0.0, 6.1)),  # reaped an old fork server
         SERVER: seen(13, 2.0, DAEMON, FORK_SERVER, (6.1, 6.13), children=(5.0, 6.2), own_at_first_child=6.0),
         w1: seen(20, w1[1], SERVER, RUNS, (0.05, 0.3)),  # first seen 0.05 s in: its whole CPU is since the fork
         w2: seen(21, w2[1], SERVER, RUNS, (0.1, 0.4)),
@@ -176,13 +177,15 @@ def test_fork_launcher_runs_are_their_tagged_workers_plus_the_tail_and_the_share
     assert figures.fork_server_s == pytest.approx(0.03)
     assert figures.fork_server_preload_s == 0.0
     assert figures.code_server_s == pytest.approx(0.6)
-    shared = (0.6 + 0.03) / 3  # the daemon's CPU is not the launcher's: the fork server's is
+    # The daemon's own CPU, which created and launched the runs; not its children's (a fork server it reaped).
+    assert figures.daemon_s == pytest.approx(0.75)
+    shared = (0.6 + 0.75 + 0.03) / 3
     tail = 0.5 / 3
     assert sorted(figures.per_run_outside_spark_s) == pytest.approx(
         [0.0 + tail + shared, 0.3 + tail + shared, 0.4 + tail + shared]
     )
-    # The per-run figures add up to what the workers, the code server and the fork server spent.
-    assert sum(figures.per_run_outside_spark_s) == pytest.approx(1.2 + 0.6 + 0.03)
+    # The per-run figures add up to what the workers, the code server, the daemon and the fork server spent.
+    assert sum(figures.per_run_outside_spark_s) == pytest.approx(1.2 + 0.6 + 0.75 + 0.03)
 
 
 def test_a_fork_server_started_in_the_window_has_its_preload_apart() -> None:
@@ -198,7 +201,7 @@ def test_a_fork_server_started_in_the_window_has_its_preload_apart() -> None:
     assert figures.fork_server_preload_s == pytest.approx(6.0)
     assert figures.fork_server_s == pytest.approx(0.03 + 0.02)
     assert figures.tail_s == pytest.approx(0.0 + 0.05)  # each server's reaped CPU against its own runs
-    shared = (0.6 + 0.05) / 3
+    shared = (0.6 + 0.75 + 0.05) / 3
     assert sorted(figures.per_run_outside_spark_s) == pytest.approx([0.25 + shared, 0.3 + shared, 0.4 + shared])
 
 

@@ -1,0 +1,136 @@
+"""When ``bench.sustained`` calls a rate sustained (``judge_sustained``), against the rule before.
+
+The rule before accepted lag tops rising at up to 10% of the rate, estimated from two points, and asked
+nothing else. Each test below builds the samples of a phase the old rule accepts and shows one of the three
+new conditions failing it on its own: tops fitted over all of them rising faster than 2% of the rate, the
+group not catching up within the settle time, and seconds behind rising from the third to the fourth quarter.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.figures import peak_growth
+from bench.sustained import (
+    fitted_peak_growth,
+    judge_sustained,
+    lag_peaks,
+    old_rule_sustained,
+    quarter_means,
+)
+
+RATE = 50_000.0
+START, END = 0.0, 240.0  # a 4-minute phase
+PERIOD = 20.0  # the deployment commits every 20 s
+TIMES = [float(t) for t in range(0, 241, 2)]  # a sample every 2 s
+
+
+def sawtooth(t: float, trend: float = 0.0) -> float:
+    """Records behind a deployment that commits everything every ``PERIOD`` s, plus ``trend`` records/s."""
+    return RATE * ((t + 1.0) % PERIOD) + trend * t
+
+
+def level_lag(trend: float = 0.0) -> list[tuple[float, float]]:
+    return [(t, sawtooth(t, trend)) for t in TIMES]
+
+
+def level_ages() -> list[tuple[float, float]]:
+    """Seconds behind the oldest uncommitted record: the same sawtooth, in seconds, 5 s above it."""
+    return [(t, 5.0 + (t + 1.0) % PERIOD) for t in TIMES]
+
+
+def test_a_level_sawtooth_that_catches_up_is_sustained() -> None:
+    verdict = judge_sustained(level_lag(), level_ages(), START, END, RATE, caught_up=True)
+    assert verdict.sustained and verdict.failed == ()
+    assert verdict.peak_growth_records_per_s == pytest.approx(0.0, abs=1.0)
+    assert verdict.peaks == 6  # one top per commit over the second half's 120 s
+    assert verdict.behind_q3_s == pytest.approx(verdict.behind_q4_s, abs=0.5)
+    assert old_rule_sustained(level_lag(), START, END, RATE)
+
+
+def test_tops_rising_at_4_percent_of_the_rate_pass_the_old_rule_and_fail_the_new() -> None:
+    growing = level_lag(trend=0.04 * RATE)  # falls behind by 2,000 records/s
+    assert old_rule_sustained(growing, START, END, RATE)  # 2,000 <= 10% of 50,000
+    verdict = judge_sustained(growing, level_ages(), START, END, RATE, caught_up=True)
+    assert verdict.failed == ("lag_peaks_growing",)
+    assert verdict.peak_growth_records_per_s == pytest.approx(2_000.0, rel=0.01)
+    assert verdict.growth_limit_records_per_s == pytest.approx(1_000.0)
+
+
+def test_two_tops_hide_a_trend_that_the_fit_over_all_tops_sees() -> None:
+    """One high tooth at the end of the third quarter (a slow run): the line through the highest top of each
+    quarter falls, so two points would pass even the new 2% limit; the fit through all six tops still
+    rises faster than that."""
+    points = level_lag(trend=0.04 * RATE)
+    spike = TIMES.index(178.0)
+    points[spike] = (points[spike][0], points[spike][1] + 300_000.0)
+    assert old_rule_sustained(points, START, END, RATE)
+    two_point = peak_growth(points, START, END)
+    assert two_point is not None and two_point < 0.0
+    growth, peaks = fitted_peak_growth(points, START, END)
+    assert peaks == 6
+    assert growth is not None and growth > 0.02 * RATE
+    verdict = judge_sustained(points, level_ages(), START, END, RATE, caught_up=True)
+    assert verdict.failed == ("lag_peaks_growing",)
+
+
+def test_a_level_lag_that_did_not_catch_up_passes_the_old_rule_and_fails_the_new() -> None:
+    assert old_rule_sustained(level_lag(), START, END, RATE)
+    verdict = judge_sustained(level_lag(), level_ages(), START, END, RATE, caught_up=False)
+    assert verdict.failed == ("not_caught_up",)
+
+
+def test_seconds_behind_rising_in_the_last_quarter_passes_the_old_rule_and_fails_the_new() -> None:
+    """The lag in records stays level, but one shard stopped being read from 180 s on: its oldest record
+    ages one second per second while the others carry the lag's sawtooth."""
+    ages = [(t, age if t < 180 else max(age, t - 180 + 15.0)) for t, age in level_ages()]
+    assert old_rule_sustained(level_lag(), START, END, RATE)
+    verdict = judge_sustained(level_lag(), ages, START, END, RATE, caught_up=True)
+    assert verdict.failed == ("seconds_behind_rising",)
+    assert verdict.behind_q3_s is not None and verdict.behind_q4_s is not None
+    assert verdict.behind_rise_limit_s is not None
+    assert verdict.behind_q4_s - verdict.behind_q3_s > verdict.behind_rise_limit_s
+
+
+def test_the_seconds_behind_rule_tolerates_a_share_of_the_level_with_a_floor() -> None:
+    q3_then_q4 = [(t, 20.0 if t < 180 else 23.0) for t in TIMES]  # +3 s on a 20 s level: within 20% of it
+    assert judge_sustained(level_lag(), q3_then_q4, START, END, RATE, caught_up=True).sustained
+    q3_then_q4 = [(t, 20.0 if t < 180 else 25.0) for t in TIMES]  # +5 s: above 4 s
+    assert judge_sustained(level_lag(), q3_then_q4, START, END, RATE, caught_up=True).failed == (
+        "seconds_behind_rising",
+    )
+    near_zero = [(t, 0.2 if t < 180 else 1.5) for t in TIMES]  # under the floor of one 2 s sample interval
+    assert judge_sustained(level_lag(), near_zero, START, END, RATE, caught_up=True, behind_floor_s=2.0).sustained
+
+
+def test_every_condition_fails_at_once_and_too_few_samples_fail() -> None:
+    growing = level_lag(trend=0.5 * RATE)
+    ages = [(t, t) for t in TIMES]
+    verdict = judge_sustained(growing, ages, START, END, RATE, caught_up=False)
+    assert verdict.failed == ("lag_peaks_growing", "not_caught_up", "seconds_behind_rising")
+    empty = judge_sustained([], [], START, END, RATE, caught_up=True)
+    assert empty.failed == ("lag_peaks_growing", "seconds_behind_rising")
+
+
+def test_tops_of_a_sawtooth_committed_in_parts() -> None:
+    # Two members commit one after the other: 0 -> 10 -> 6 (first commit) -> 3 (second) -> 8 -> 2 -> 5.
+    points = [(0.0, 0.0), (1.0, 10.0), (2.0, 6.0), (3.0, 3.0), (4.0, 8.0), (5.0, 2.0), (6.0, 5.0)]
+    assert lag_peaks(points) == [(1.0, 10.0), (4.0, 8.0)]  # 6 is a step down, 5 below the last top
+    rising = [(0.0, 0.0), (1.0, 10.0), (2.0, 4.0), (3.0, 12.0)]
+    assert lag_peaks(rising) == [(1.0, 10.0), (3.0, 12.0)]  # the tooth in progress is above every top
+
+
+def test_a_lag_without_commits_grows_at_its_slope_and_a_flat_lag_not_at_all() -> None:
+    growth, peaks = fitted_peak_growth([(t, 1_000.0 * t) for t in TIMES], START, END)
+    assert growth == pytest.approx(1_000.0)
+    assert peaks == 1  # only the last sample is a top
+    growth, peaks = fitted_peak_growth([(t, 0.0) for t in TIMES], START, END)
+    assert growth == pytest.approx(0.0)
+    assert peaks == 1
+
+
+def test_quarter_means() -> None:
+    q3, q4 = quarter_means([(t, 1.0 if t < 180 else 3.0) for t in TIMES], START, END)
+    assert q3 == pytest.approx(1.0)
+    assert q4 == pytest.approx(3.0)
+    assert quarter_means([(10.0, 5.0)], START, END) == (None, None)
