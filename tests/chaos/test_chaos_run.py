@@ -19,6 +19,7 @@ import pytest
 from bench.chaos.faults import plan
 from bench.chaos.run import ChaosOptions, run_chaos
 from dagster_streamgroup.local.postgres import PostgresNotFoundError, find_server_binaries
+from tests.fixtures.required import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.timeout(1200)]
 
@@ -34,7 +35,7 @@ def test_chaos_short_setting_loses_nothing_and_commits_nothing_twice() -> None:
     try:
         find_server_binaries()
     except PostgresNotFoundError as exc:
-        pytest.skip(f"PostgreSQL server binaries not found (install Debian's postgresql package): {exc}")
+        missing("postgres", f"PostgreSQL server binaries not found (Debian's postgresql package): {exc}")
     result = run_chaos(SHORT)
     print(json.dumps(result))
     assert result.get("error") is None, result
