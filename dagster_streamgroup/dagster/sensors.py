@@ -28,11 +28,16 @@ import dagster as dg
 from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.dagster import migrations, resource_schema, sqlite_engines
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
-from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupConfigError, StreamGroupResource
+from dagster_streamgroup.dagster.resources import (
+    DAEMON_LOOP_S,
+    TICK_WAIT_MARGIN_S,
+    StreamGroupConfigError,
+    StreamGroupResource,
+)
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
+from dagster_streamgroup.patches import migrations, resource_schema, sqlite_engines
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 from dagster_streamgroup.streams.base import StreamError, open_transaction_text
 
@@ -138,6 +143,13 @@ def check_tick_interval(resource: StreamGroupResource, interval_s: float) -> Non
             f"(heartbeat_interval_s is {interval_s:g} s), so members would evict each other: use at least "
             f"{2 * cadence:g} s"
         )
+    skipped_pass = 2 * cadence + TICK_WAIT_MARGIN_S
+    if resource.tick_wait_s > 0 and resource.session_timeout_s < skipped_pass:
+        raise StreamGroupConfigError(
+            f"session_timeout_s: {resource.session_timeout_s:g} s of group {resource.group!r} leaves no room for "
+            f"a tick that overran its pass (a slow broker or store): the daemon then skips a pass, and "
+            f"{2 * cadence:g} s pass between heartbeats; use at least {skipped_pass:g} s, or tick_wait_s=0"
+        )
 
 
 def evaluate_member_tick(
@@ -162,13 +174,15 @@ def evaluate_member_tick(
         notes += _leave_stopped_peers(resource, instance, before, peer_ids, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
         repairs, confirmed, cursor.repaired = _unrecorded_commits(instance, target, before, member_id, cursor.repaired)
+    ticked = time.monotonic()
     report = member.tick(recorded=confirmed)
+    tick_s = time.monotonic() - ticked
     in_flight = list(protocol.runs_of(report.inflight).values())
     if instance is not None:
         notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
     runs = _not_launched_yet(instance, in_flight, member_id)
-    if not runs and _may_wait_in_tick(instance, resource, max(1, len(peers))):
-        waited = _wait_for_a_run_to_end(resource, member, report, started)
+    if not runs and _may_wait_in_tick(instance, resource, _sensors_in_location(context, len(peers))):
+        waited = _wait_for_a_run_to_end(resource, member, report, started, tick_s)
         if waited is not None:
             notes.append(waited)
             report = member.tick()
@@ -212,9 +226,18 @@ _TICK_WAIT_SLOTS = threading.BoundedSemaphore(max(1, DEFAULT_POOL_WORKERS // 2))
 other calls (the webserver, the daemon, launches) keep theirs."""
 
 
-def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroupResource, members: int) -> bool:
+def _sensors_in_location(context: dg.SensorEvaluationContext, peers: int) -> int:
+    """The sensors that share the daemon's threads with this one: every sensor of the code location (other
+    groups' members, the user's own sensors), or this group's members where the location is not known."""
+    repository = context.repository_def
+    if repository is not None:
+        return max(1, len(list(repository.sensor_defs)))
+    return max(1, peers)
+
+
+def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroupResource, sensors: int) -> bool:
     """A tick may wait for a run only where the daemon evaluates sensors in threads, with more threads than the
-    group has member sensors: one after another (or queued behind waiting members), a waiting member would hold
+    code location has sensors: one after another (or queued behind waiting members), a waiting member would hold
     back the ticks, and heartbeats, of the sensors behind it."""
     if instance is None or resource.tick_wait_s <= 0:
         return False
@@ -222,23 +245,27 @@ def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroup
     if not settings.get("use_threads"):
         return False
     workers = settings.get("num_workers") or DEFAULT_POOL_WORKERS
-    return int(workers) > members
+    return int(workers) > sensors
 
 
 def _wait_for_a_run_to_end(
-    resource: StreamGroupResource, member: GroupMember, report: TickReport, started: float
+    resource: StreamGroupResource, member: GroupMember, report: TickReport, started: float, tick_s: float
 ) -> str | None:
     """With nothing to launch while its runs are in flight and a run's worth of records (``min_backlog``) wait
     behind them, the member waits for one of those runs to end, within ``tick_wait_s`` of the tick's start, so
     their shards' next ranges launch now instead of a daemon pass later. Returns what happened when it waited
     and a run ended, else None (the tick goes on as it was)."""
     mine = report.inflight
-    left = resource.tick_wait_s - (time.monotonic() - started)
-    if not mine or left <= 0:
+    if not mine or resource.tick_wait_s - (time.monotonic() - started) - tick_s <= 0:
         return None
     try:
         marks = resource.backend().watermarks(sorted({x.shard for x in mine}))
     except StreamError:
+        return None
+    # What is left once the watermarks came back, keeping the time of the second member tick (as long as the
+    # first): the tick as a whole ends within tick_wait_s, however slow the broker.
+    left = resource.tick_wait_s - (time.monotonic() - started) - tick_s
+    if left <= 0:
         return None
     highs = {shard: mark.high for shard, mark in marks.items()}
     if protocol.waiting_behind_inflight(report.state, report.member_id, highs) < resource.min_backlog:

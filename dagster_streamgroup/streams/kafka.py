@@ -437,13 +437,15 @@ class KafkaBackend:
         *,
         request_timeout_s: float = 10.0,
         stall_timeout_s: float = 30.0,
+        cluster_id: str | None = None,
     ) -> None:
+        """``cluster_id``: the cluster's id where it is known already (else asked of the cluster once)."""
         self.config = config
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self._admin: AdminClient | None = None
         self._admin_errors = ClientErrors()
-        self._cluster_id: str | None = None
+        self._cluster_id: str | None = cluster_id
 
     def __repr__(self) -> str:
         return f"KafkaBackend({self.config.bootstrap_servers!r}, topics={self.config.topics!r})"

@@ -43,6 +43,8 @@ class SensorDriver:
     resource: KafkaStreamGroup
     cursor: str | None = None
     repository_name: str | None = None
+    definitions: dg.Definitions | None = None
+    """The code location the sensor is in, where a test needs it (the daemon always has it)."""
 
     def tick(self) -> dg.SensorResult:
         context = dg.build_sensor_context(
@@ -51,6 +53,7 @@ class SensorDriver:
             repository_name=self.repository_name,
             cursor=self.cursor,
             resources={"streamgroup": self.resource},
+            definitions=self.definitions,
         )
         result = self.sensor(context)
         assert isinstance(result, dg.SensorResult), result

@@ -6,6 +6,7 @@ sensor tick is being evaluated; the instance says whether the daemon evaluates s
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,15 +37,17 @@ COMMIT_AFTER_S = 1.5
 
 
 @contextmanager
-def commit_later(resource: KafkaStreamGroup, member_id: str, request: dg.RunRequest) -> Iterator[None]:
-    """The run of ``request`` commits its ranges ``COMMIT_AFTER_S`` from now, from another thread."""
+def commit_later(
+    resource: KafkaStreamGroup, member_id: str, request: dg.RunRequest, after_s: float = COMMIT_AFTER_S
+) -> Iterator[None]:
+    """The run of ``request`` commits its ranges ``after_s`` from now, from another thread."""
     launches = [x for x in protocol.inflight_launches(_state(resource), member_id) if x.run_key == request.run_key]
     assert launches, "the request's ranges are in flight"
     done = threading.Event()
     outcomes: list[protocol.RunCommitOutcome] = []
 
     def commit() -> None:
-        if not done.wait(COMMIT_AFTER_S):
+        if not done.wait(after_s):
             outcome, _ = resource.member(member_id).commit_run_state_only([protocol.report_of(x) for x in launches])
             outcomes.append(outcome)
 
@@ -144,3 +147,64 @@ def test_a_tick_wait_off_waits_for_nothing(kafka_bootstrap: str, kafka_topics: T
         first = started_run(instance, driver)
         with commit_later(resource, driver.member_id, first):
             assert not driver.tick().run_requests
+
+
+def test_a_slow_broker_does_not_stretch_a_waiting_tick_past_its_budget(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every watermark read takes 2 s (a stand-in for a slow broker: the real one cannot be slowed by exactly
+    that much on demand). The wait's budget is what is left after the watermarks came back, less a second
+    member tick, so the tick still ends within ``tick_wait_s`` of its start instead of overrunning the
+    daemon's next pass."""
+    from dagster_streamgroup.streams.kafka import KafkaBackend
+
+    _, resource, sensor = setup(kafka_bootstrap, kafka_topics, tmp_path, 2000, max_records_per_run=300)
+    with dg.instance_for_test(overrides=THREADED) as instance:
+        driver = SensorDriver(sensor, instance, resource)
+        first = started_run(instance, driver)
+        watermarks = KafkaBackend.watermarks
+
+        def slow_watermarks(self: KafkaBackend, shards: Any) -> Any:
+            time.sleep(2.0)
+            return watermarks(self, shards)
+
+        monkeypatch.setattr(KafkaBackend, "watermarks", slow_watermarks)
+        with commit_later(resource, driver.member_id, first, after_s=5.0):  # after the tick: it never ends in it
+            started = time.monotonic()
+            result = driver.tick()
+            took = time.monotonic() - started
+    # Its shards are all in flight, so the member tick reads no watermarks; the wait's own read takes 2 s, and
+    # the wait may only use what is left of the budget after it.
+    message = (result.skip_reason.skip_message or "") if result.skip_reason else ""
+    assert "tick's wait" not in message and not result.run_requests, message
+    assert took <= resource.tick_wait_s + 0.5, f"the tick took {took:.1f} s with a {resource.tick_wait_s:g} s budget"
+
+
+def test_a_tick_counts_every_sensor_of_its_code_location_not_only_its_group(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """Two groups of one member each in one code location, and two sensor threads: a waiting member of one
+    group would hold a thread the other group's member needs, so neither waits."""
+    _, resource, sensor = setup(kafka_bootstrap, kafka_topics, tmp_path, 2000, max_records_per_run=300)
+    other_group = group_name()
+    other = sensors_for(counting_asset(other_group, []), members=1)[0]
+    location = dg.Definitions(sensors=[sensor, other], resources={"streamgroup": resource})
+    with dg.instance_for_test(overrides=THREADED) as instance:
+        driver = SensorDriver(sensor, instance, resource, definitions=location)
+        first = started_run(instance, driver)
+        with commit_later(resource, driver.member_id, first):
+            started = time.monotonic()
+            assert not driver.tick().run_requests
+            assert time.monotonic() - started < COMMIT_AFTER_S, "the tick waited"
+
+
+def test_a_session_timeout_without_room_for_a_skipped_pass_is_refused_with_tick_waits(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    _, resource, sensor = setup(kafka_bootstrap, kafka_topics, tmp_path, 100, session_timeout_s=10.0)
+    refused = pytest.raises(Exception, match=r"session_timeout_s: 10 s .* skips a pass.*at least 11\.5 s")
+    with dg.instance_for_test(overrides=THREADED) as instance, refused:
+        SensorDriver(sensor, instance, resource).tick()
+    _, no_wait, sensor = setup(kafka_bootstrap, kafka_topics, tmp_path, 100, session_timeout_s=10.0, tick_wait_s=0)
+    with dg.instance_for_test(overrides=THREADED) as instance:
+        SensorDriver(sensor, instance, no_wait).tick()

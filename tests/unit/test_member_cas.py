@@ -78,7 +78,8 @@ def test_a_runs_commit_outlasts_more_contention_than_a_tick() -> None:
     from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 
     store = _RacedStore(races=0)
-    backend = KafkaBackend(KafkaStreamConfig(bootstrap_servers="127.0.0.1:9", topics=["t"]))  # never connects
+    config = KafkaStreamConfig(bootstrap_servers="127.0.0.1:9", topics=["t"])
+    backend = KafkaBackend(config, cluster_id="unit-test")  # never connects
     policy = GroupPolicy(join_grace_s=0, min_backlog=1)
     member = GroupMember(store, backend, "g", "m", policy, sleep=lambda _s: None)
     state = protocol.sync_shards(protocol.new_group(backend.stream_id, "g", 0.0), ["t:0"], 0.0)
