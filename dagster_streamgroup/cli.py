@@ -13,19 +13,27 @@ if TYPE_CHECKING:
 
 
 class _Commands(click.Group):
-    """The project's own errors (stream, store, state, configuration) end a command with their message, not a
-    traceback: they already say what failed and what to change."""
+    """The project's own errors (stream, store, state, configuration, an extra not installed) end a command with
+    their message, not a traceback: they already say what failed and what to change."""
 
     def invoke(self, ctx: click.Context) -> object:
         from pydantic import ValidationError
 
+        from dagster_streamgroup.extras import MissingExtraError
         from dagster_streamgroup.protocol.codec import StateFormatError
         from dagster_streamgroup.stores.base import StoreConfigError, StoreUnavailableError
         from dagster_streamgroup.streams.base import StreamError
 
         try:
             return super().invoke(ctx)
-        except (StreamError, StoreUnavailableError, StoreConfigError, StateFormatError, ValidationError) as exc:
+        except (
+            StreamError,
+            StoreUnavailableError,
+            StoreConfigError,
+            StateFormatError,
+            ValidationError,
+            MissingExtraError,
+        ) as exc:
             raise click.ClickException(str(exc)) from None
 
 

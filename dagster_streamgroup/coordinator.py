@@ -1,51 +1,10 @@
-"""A run coordinator that launches member runs when their sensor submits them instead of a dequeue loop later.
+"""The run coordinator's configuration path: ``dagster.yaml`` names ``module: dagster_streamgroup.coordinator``,
+``class: MemberRunCoordinator``.
 
-Dagster's ``QueuedRunCoordinator`` leaves every run QUEUED until its daemon's next dequeue pass, which runs
-once a second at the fastest (``dequeue_interval_seconds`` is an integer) and shares the daemon process with
-the sensors: measured, a member run waited a median 1.2 s there before its launch, longer than the launch
-itself. A member run needs no queue for its own safety: the group protocol already keeps at most one range per
-shard in flight, and the run was planned in the tick that submits it. So a member run (tagged
-``streamgroup/member``) is launched at once when the instance's limits let it start now: fewer runs in progress
-than ``max_concurrent_runs`` and no tag concurrency limit reached (a backfill of one of its shards in progress
-holds a single-shard run back). Otherwise, and for every other run (backfills, the Launchpad, other jobs), the
-run is queued exactly as the ``QueuedRunCoordinator`` queues it, and its daemon launches it. The configuration
-is the ``QueuedRunCoordinator``'s, so switching between the two is one line of ``dagster.yaml``.
-
-A queued run blocked by a tag limit is not waited for: a member run it does not block may start before it, as
-the daemon's own pass would start it. Two submissions deciding at the same moment can both see room for one
-more run; the limits are then exceeded by the runs submitted in that instant. Per-shard order does not depend
-on it: member runs are fenced by the group state, and backfills commit nothing.
+The class lives with the package's other uses of Dagster's internals, behind their version guard, in
+``dagster_streamgroup/patches/run_coordinator.py``; this module keeps the path instances are configured with.
 """
 
-from __future__ import annotations
+from dagster_streamgroup.patches.run_coordinator import MemberRunCoordinator
 
-from dagster import DagsterRun, DagsterRunStatus, RunsFilter
-from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
-from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES
-from dagster._utils.tags import TagConcurrencyLimitsCounter
-
-from dagster_streamgroup.dagster.tags import TAG_MEMBER
-
-
-class MemberRunCoordinator(QueuedRunCoordinator):
-    """Dagster's ``QueuedRunCoordinator``, except that member runs launch at submit when the limits allow."""
-
-    def submit_run(self, context: SubmitRunContext) -> DagsterRun:
-        run = context.dagster_run
-        if run.status != DagsterRunStatus.NOT_STARTED or TAG_MEMBER not in run.tags or not self._may_start_now(run):
-            submitted: DagsterRun = super().submit_run(context)
-            return submitted
-        self._instance.launch_run(run.run_id, context.workspace)
-        launched = self._instance.get_run_by_id(run.run_id)
-        if launched is None:
-            raise RuntimeError(f"run {run.run_id} vanished while it was launched")
-        return launched
-
-    def _may_start_now(self, run: DagsterRun) -> bool:
-        """The queue's own test (``QueuedRunCoordinatorDaemon``) against the runs in progress right now."""
-        config = self.get_run_queue_config()
-        active = [r.dagster_run for r in self._instance.get_run_records(RunsFilter(statuses=ACTIVE_RUN_STATUSES))]
-        if config.max_concurrent_runs != -1 and len(active) >= config.max_concurrent_runs:
-            return False
-        counter = TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active)
-        return not counter.is_blocked(run)
+__all__ = ["MemberRunCoordinator"]

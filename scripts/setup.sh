@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine with Python 3.11: uv (in .tools/),
-# the locked virtualenv (.venv/), Apache Kafka's broker and tools (jars from Maven Central, pinned by
+# the locked virtualenv (.venv/: the package with its extras [local] and [postgres] and the dev group, which
+# names them; PYTHON picks another supported interpreter, 3.11-3.14), Apache Kafka's broker and tools (jars from Maven Central, pinned by
 # kafka/pom.xml and checked against kafka/jars.sha256, in .tools/), and, when run as root, Java 17, Maven
 # and PostgreSQL from Debian's packages if they are missing. Safe to run again: each step is skipped when
 # already done (a second run fetches nothing).

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dagster_streamgroup.extras import require
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.stores.base import StateStore, StoreConfigError, state_key
@@ -239,6 +240,8 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
 
     def store(self) -> StateStore:
         url = self.resolved_store_url()
+        if url.partition("://")[0].lower().startswith("postgres"):  # psycopg is the [postgres] extra's
+            require("psycopg", "postgres", f"the PostgreSQL state store of group {self.group!r}")
         return _cached(_stores, safe_url(url), url, lambda: open_store(url, field="store_url"))
 
     def backend(self) -> StreamBackend:

@@ -4,11 +4,12 @@ Started by ``ForkServerRunLauncher`` as ``python -m dagster_streamgroup.launcher
 location's interpreter, it loads the definitions exactly as a run worker does
 (``ReconstructableRepository.get_definition`` on the run's code pointer, whose module and
 ``Definitions.get_repository_def`` stay cached in every child), imports the heavy libraries the runs use, parses
-Dagster's schema migration scripts (``migrations``), makes Dagster's SQLite storages share engines
-(``sqlite_engines``) and its resource construction reuse inferred schemas (``resource_schema``), and then forks
-one child per run. It creates no thread, gRPC channel, Spark session, Kafka client or database connection, and
-checks before each fork that it is single-threaded (native threads included); it refuses to fork otherwise. It
-exits when the launcher's end of the socket pair closes.
+Dagster's schema migration scripts (``patches.migrations``), makes Dagster's SQLite storages share engines
+(``patches.sqlite_engines``) and its resource construction reuse inferred schemas (``patches.resource_schema``;
+each only on a Dagster release they were verified on), and then forks one child per run. It creates no thread,
+gRPC channel, Spark session, Kafka client or database connection, and checks before each fork that it is
+single-threaded (native threads included); it refuses to fork otherwise. It exits when the launcher's end of the
+socket pair closes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_streamgroup.dagster import migrations, resource_schema, sqlite_engines
 from dagster_streamgroup.launcher import child, fingerprint, process
 from dagster_streamgroup.launcher.protocol import (
     Channel,
@@ -44,6 +44,7 @@ from dagster_streamgroup.launcher.protocol import (
 from dagster_streamgroup.launcher.protocol import (
     Exited as ExitedMessage,
 )
+from dagster_streamgroup.patches import migrations, resource_schema, sqlite_engines
 
 REAP_INTERVAL_S = 5.0
 """The loop wakes on SIGCHLD and on requests; this is only a backstop."""

@@ -30,11 +30,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-import psycopg
 import yaml  # type: ignore[import-untyped]  # no types-PyYAML in the lock: yaml is a dependency of dagster
-from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import URL, make_url
+
+from dagster_streamgroup.extras import missing_extra
+
+try:
+    import psycopg
+    from psycopg import sql
+except ImportError as exc:
+    raise missing_extra("psycopg", "postgres", "the Dagster instance on PostgreSQL") from exc
 
 from dagster_streamgroup.local.postgres import temporary_postgres
 

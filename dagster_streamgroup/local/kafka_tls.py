@@ -12,6 +12,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from dagster_streamgroup.extras import missing_extra
+
 
 @dataclass(frozen=True)
 class BrokerTls:
@@ -29,10 +31,7 @@ def make_broker_tls(directory: Path, host: str = "127.0.0.1", days: int = 2) -> 
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "the local broker's SASL_SSL listener needs the 'cryptography' package: "
-            "pip install 'dagster-streamgroup[local]'"
-        ) from exc
+        raise missing_extra("cryptography", "local", "the local broker's SASL_SSL listener (--sasl-user)") from exc
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)

@@ -22,7 +22,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
+from dagster_streamgroup.extras import missing_extra
+
+try:
+    import psycopg
+except ImportError as exc:
+    raise missing_extra("psycopg", "postgres", "the temporary PostgreSQL server") from exc
 from sqlalchemy.engine import URL
 
 SEARCH_GLOB = "/usr/lib/postgresql/*/bin"

@@ -78,7 +78,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     assert worker.host == process.hostname() and worker.boot_id == process.boot_id()
     assert _captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
     assert facts["schema_check_scripts"] == "ParsedScripts", "the migration scripts parsed once, in the server"
-    assert facts["event_log_engines"] == "dagster_streamgroup.dagster.sqlite_engines", "one engine per database"
+    assert facts["event_log_engines"] == "dagster_streamgroup.patches.sqlite_engines", "one engine per database"
 
     default = Deployment(tmp_path / "default-home", location, instance_yaml(launcher=None))
     try:

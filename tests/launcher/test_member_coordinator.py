@@ -9,6 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from dagster_streamgroup import patches
 from dagster_streamgroup.coordinator import MemberRunCoordinator
 from dagster_streamgroup.dagster import tags as sgt
 from tests.launcher.helpers import Deployment, copy_location, instance_yaml, wait_until
@@ -46,6 +47,17 @@ def test_member_runs_launch_at_submit_and_others_queue(deployment: Deployment, t
     assert deployment.wait(member, FINISHED).status == dg.DagsterRunStatus.SUCCESS
     other = deployment.launch("quick_job")
     assert deployment.run(other).status == dg.DagsterRunStatus.QUEUED, "not a member run: the daemon launches it"
+
+
+def test_on_a_dagster_release_not_verified_member_runs_queue_like_any_other(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch at submit reads Dagster's internals: on a release it was not verified on, it stays off and the
+    coordinator is Dagster's ``QueuedRunCoordinator``."""
+    monkeypatch.setattr(patches, "dagster_version", lambda: "1.13.99")
+    monkeypatch.setattr(patches, "_warned", set())
+    member = deployment.launch("quick_job", {sgt.TAG_MEMBER: "reader@test"})
+    assert deployment.run(member).status == dg.DagsterRunStatus.QUEUED, "the daemon launches it"
 
 
 def test_a_member_run_queues_behind_a_shard_limit_or_a_full_instance(deployment: Deployment, tmp_path: Path) -> None:

@@ -9,7 +9,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import uvicorn
+from dagster_streamgroup.extras import missing_extra
+
+try:
+    import uvicorn
+except ImportError as exc:
+    raise missing_extra("uvicorn", "local", "the local v3io server (streamgroup local v3io)") from exc
 
 from dagster_streamgroup.local.v3io.app import V3ioApp
 from dagster_streamgroup.local.v3io.config import ServerConfig

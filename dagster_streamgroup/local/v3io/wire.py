@@ -14,7 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from dagster_streamgroup.extras import missing_extra
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+except ImportError as exc:
+    raise missing_extra("uvicorn", "local", "the local v3io server (streamgroup local v3io)") from exc
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application

@@ -13,7 +13,7 @@ import sqlalchemy as db
 from dagster._core.test_utils import create_run_for_test
 from sqlalchemy.pool import NullPool, StaticPool
 
-from dagster_streamgroup.dagster import sqlite_engines
+from dagster_streamgroup.patches import sqlite_engines
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ replaces the (empty) pool, so sharing one engine per (URL, options) changes noth
 kept. The fork server installs it before it forks (each run worker opens a few database files: the instance's
 and its run's own event database), and member sensors install it in the code server; a bounded cache keeps a
 long-lived process from holding an engine for every run's event database it ever read.
+
+Dagster's modules are imported only once the guard (``dagster_streamgroup.patches.enabled``) allows it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 import sqlalchemy as db
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
+
+from dagster_streamgroup import patches
 
 STORAGE_MODULES = (
     "dagster._core.storage.runs.sqlite.sqlite_run_storage",
@@ -51,8 +55,11 @@ def create_engine(url: Any, **options: Any) -> Engine:
 
 
 def install() -> bool:
-    """Make Dagster's SQLite storages share engines; False where a module's ``create_engine`` is not the one
-    this module knows (that module is then left alone, the others are still installed)."""
+    """Make Dagster's SQLite storages share engines; False on a Dagster the patches were not verified on, or
+    where a module's ``create_engine`` is not the one this module knows (that module is then left alone, the
+    others are still installed)."""
+    if not patches.enabled():
+        return False
     installed = True
     for name in STORAGE_MODULES:
         module: Any = importlib.import_module(name)

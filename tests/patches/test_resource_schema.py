@@ -10,7 +10,8 @@ import pytest
 from dagster._config.pythonic_config import config as pythonic_config
 from dagster._config.pythonic_config import resource as pythonic_resource
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, resource_schema
+from dagster_streamgroup.dagster import KafkaStreamGroup
+from dagster_streamgroup.patches import resource_schema
 
 
 @pytest.fixture

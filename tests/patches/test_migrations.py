@@ -9,7 +9,7 @@ import sqlalchemy as db
 from dagster._core.storage import sql
 from dagster._core.storage.runs.sqlite import sqlite_run_storage
 
-from dagster_streamgroup.dagster import migrations
+from dagster_streamgroup.patches import migrations
 
 
 def test_the_schema_check_answers_the_same_with_the_scripts_parsed_once(tmp_path: Path) -> None:

@@ -10,14 +10,19 @@ scripts are files of the installed dagster, which do not change under a running 
 replaced when an installed file changes): member sensors install the parsed directory in the code server, and
 the fork server parses it before it forks, so every child reads the directory it inherited. The check's result
 is the same; only the parsing is shared.
+
+Dagster's module is imported only once the guard (``dagster_streamgroup.patches.enabled``) allows it.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from alembic.config import Config
-from alembic.script import ScriptDirectory
+from dagster_streamgroup import patches
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 
 class ParsedScripts:
@@ -28,6 +33,8 @@ class ParsedScripts:
 
     @classmethod
     def from_config(cls, config: Config) -> ScriptDirectory:
+        from alembic.script import ScriptDirectory
+
         location = str(config.get_main_option("script_location"))
         scripts = cls.parsed.get(location)
         if scripts is None:
@@ -36,8 +43,11 @@ class ParsedScripts:
 
 
 def install() -> bool:
-    """Make Dagster's schema check use scripts parsed once (on first use); False where this Dagster's check is
-    not the one this module knows (it is then left alone)."""
+    """Make Dagster's schema check use scripts parsed once (on first use); False on a Dagster the patches were
+    not verified on, or where its check is not the one this module knows (it is then left alone)."""
+    if not patches.enabled():
+        return False
+    from alembic.script import ScriptDirectory
     from dagster._core.storage import sql
 
     module: Any = sql
@@ -49,10 +59,11 @@ def install() -> bool:
 
 def parse_once() -> str | None:
     """``install``, and parse the scripts now (a fork server, before it forks); returns the head revision."""
-    from dagster._core.storage import sql
-
     if not install():
         return None
+    from alembic.config import Config
+    from dagster._core.storage import sql
+
     config = Config()
     config.set_main_option("script_location", sql.ALEMBIC_SCRIPTS_LOCATION)
     head = ParsedScripts.from_config(config).as_revision_number("head")
