@@ -56,7 +56,9 @@ def test_a_member_tick_while_the_broker_hangs_fails_by_name_and_writes_nothing(
     row = sqlite_row(sqlite_url, member.key)
     with paused(private_broker.pid):
         started = time.monotonic()
-        with pytest.raises(StreamError, match=r"listing the stream's partitions: .*[Tt]imed out"):
+        with pytest.raises(
+            StreamError, match=r"(describing consumer group 'g'|listing the stream's partitions): .*[Tt]imed out"
+        ):
             member.tick()
         assert time.monotonic() - started < 30
     assert sqlite_row(sqlite_url, member.key) == row
@@ -74,7 +76,17 @@ def test_watermarks_while_the_broker_hangs_are_an_error_never_a_negative_offset(
     assert {s: (m.low, m.high) for s, m in backend.watermarks([f"{topic}:0"]).items()} == {f"{topic}:0": (0, 6)}
     with paused(private_broker.pid), pytest.raises(StreamError, match=f"watermarks of {topic}:0"):
         backend.watermarks([f"{topic}:0", f"{topic}:1"])
-    assert backend.watermarks([f"{topic}:1"])[f"{topic}:1"].high == 6
+    # A broker paused past its session answers "no leader" for a moment once it runs again (Apache Kafka
+    # fences it and elects again); then the same backend reads the watermarks.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            assert backend.watermarks([f"{topic}:1"])[f"{topic}:1"].high == 6
+            break
+        except StreamError as exc:
+            if "leader" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def test_a_watermark_read_that_timed_out_replaces_the_admin_client_and_the_next_tick_succeeds(
