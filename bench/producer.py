@@ -7,7 +7,7 @@ benchmark's samplers. The events are the example's (``jobs.clickstream_events.ev
 user, so partitioned by user): a pool is generated once and each event is sent with the current event time
 spliced into its JSON, so the CPU goes to producing, not to ``json.dumps``. Every ``--tick-s`` it sends what
 the rate owes since the start; a producer that cannot keep up falls behind, and its achieved rate shows it.
-It ends with one single-record batch per partition (the local broker's high watermark is then exact).
+It ends with one single-record batch per partition.
 
 The first line of its output says it starts producing (``{"started": true}``, after its imports and the
 pool), the last line is one JSON object: ``produced``, ``seconds``, ``events_per_s``, ``cpu_s`` (from the

@@ -1,9 +1,9 @@
 """Sample clickstream: JSON page views keyed by user, produced continuously (``python -m jobs.clickstream_events``).
 
-Kafka: after every burst each partition gets one single-record batch, so the local broker's high watermark
-(which ignores the records of a partition's last batch) counts every record produced; on Kafka it changes
-nothing. v3io: each user's events go to the shard its key hashes to (CRC-32), chosen here rather than by the
-platform, so which records a shard holds depends only on the seed, whatever server routes them.
+Kafka: after every burst each partition gets one single-record batch (one record more per partition, which
+the tests' counts expect). v3io: each user's events go to the shard its key hashes to (CRC-32), chosen here
+rather than by the platform, so which records a shard holds depends only on the seed, whatever server routes
+them.
 
 ``--stream v3io`` reads the access key from ``V3IO_ACCESS_KEY`` only: a key on the command line would show in
 process listings.

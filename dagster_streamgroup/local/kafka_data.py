@@ -1,9 +1,8 @@
 """Topics and data for trying the project and for tests: create/delete topics, produce records fast.
 
-Every producer here ends each partition it wrote with a single-record batch. The local broker's high
-watermark ignores the records of a partition's *last* batch (it reports that batch's base offset + 1), so a
-one-record last batch makes the watermark exact; on a real Kafka it changes nothing. The end offsets are
-returned from delivery reports, so callers never depend on the broker's watermark to know what was written.
+Every producer here ends each partition it wrote with one single-record batch (one record more per partition
+than asked for, which the tests' counts expect). The end offsets are returned from delivery reports, so callers
+never depend on a broker's watermark to know what was written.
 """
 
 from __future__ import annotations
