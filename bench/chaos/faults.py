@@ -454,8 +454,17 @@ def cli(chaos: Chaos, arguments: list[str]) -> str:
     return done.stdout.strip()
 
 
-def unpark(chaos: Chaos, shard: str) -> str:
-    return cli(chaos, ["unpark", "--shard", shard])
+def unpark(chaos: Chaos, shard: str, retry_s: float = 90.0) -> str:
+    """``streamgroup unpark``, tried again for a while when it fails, as an operator would: the command reads
+    the cluster id to find the group's state, so it fails while a broker restart (another fault) is under way."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return cli(chaos, ["unpark", "--shard", shard])
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(3.0)
 
 
 def watch_poison(chaos: Chaos, timeout_s: float = 900.0) -> None:
