@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,19 +25,6 @@ FOLD_EVERY_WRITE: dict[str, Any] = {"min_fold_bytes": 0, "fold_fraction": 0.0}
 PG_STAT_ACTIVITY = Table(
     "pg_stat_activity", MetaData(), Column("application_name", Text), Column("wait_event_type", Text)
 )
-
-
-@pytest.fixture
-def key() -> str:
-    """Unique per test: the PostgreSQL database is shared by the session's tests."""
-    return f"stream|g-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state.db'}"
-    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture

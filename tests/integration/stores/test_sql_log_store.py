@@ -4,10 +4,6 @@ appended to it."""
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
-import pytest
 from sqlalchemy import create_engine, func, select, update
 
 from dagster_streamgroup import protocol
@@ -17,19 +13,6 @@ from dagster_streamgroup.stores.sql import DEFAULT_TABLE, state_table
 from dagster_streamgroup.stores.sql_log import LoggedSqlStateStore, log_table
 
 POLICY = GroupPolicy(heartbeat_interval_s=5, session_timeout_s=20, min_backlog=1, join_grace_s=0)
-
-
-@pytest.fixture
-def key() -> str:
-    """Unique per test: the PostgreSQL database is shared by the session's tests."""
-    return f"stream|g-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state.db'}"
-    return str(request.getfixturevalue("postgres_url"))
 
 
 def tick(store: LoggedSqlStateStore, key: str, member: str, now: float, high: int) -> list[protocol.Launch]:
