@@ -122,6 +122,14 @@ class TickReport:
     watermarks: dict[str, Watermark]
     stats: CasStats
     waiting_for_grace: bool = False
+    now: float = 0.0
+    """The store's time of the tick's write."""
+
+    @property
+    def to_request(self) -> list[Launch]:
+        """``inflight`` less the runs waiting out a launch backoff (``protocol.held_back``)."""
+        held = protocol.held_back(self.state, self.member_id, self.now)
+        return [x for x in self.inflight if x.run_key not in held]
 
     @property
     def lag(self) -> dict[str, int]:
@@ -181,11 +189,12 @@ class GroupMember:
         self.backend.check_group(self.group)
         shard_ids = self.backend.shards()
         self._watermarks = {}
-        before: dict[str, GroupState | None] = {}
+        before: dict[str, Any] = {}
 
         def transition(current: GroupState | None, now: float) -> tuple[GroupState, list[Launch]]:
             base = current if current is not None else self._carried_over(now)
             before["state"] = current
+            before["now"] = now
             base = protocol.confirm_recorded(base, self.member_id, recorded)
             state = protocol.membership_step(base, self.member_id, now, self.policy, shard_ids)
             marks = self._fetch_watermarks(state)
@@ -193,7 +202,7 @@ class GroupMember:
 
         launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)
         assert stats.state is not None
-        report = self._report(before.get("state"), stats.state, launches, stats)
+        report = self._report(before.get("state"), stats.state, launches, stats, before.get("now", 0.0))
         self._mirror_skipped(report)
         return report
 
@@ -224,7 +233,9 @@ class GroupMember:
                 return protocol.carry_over(found, self.backend.stream_id, old_stream, now)
         return protocol.new_group(self.backend.stream_id, self.group, now)
 
-    def _report(self, old: GroupState | None, state: GroupState, launches: list[Launch], stats: CasStats) -> TickReport:
+    def _report(
+        self, old: GroupState | None, state: GroupState, launches: list[Launch], stats: CasStats, now: float
+    ) -> TickReport:
         owned = [sid for sid, s in state.shards.items() if s.owner == self.member_id]
         previously = {sid for sid, s in old.shards.items() if s.owner == self.member_id} if old else set()
         old_events = set(old.events) if old else set()
@@ -243,6 +254,7 @@ class GroupMember:
             watermarks=dict(self._watermarks),
             stats=stats,
             waiting_for_grace=waiting,
+            now=now,
         )
 
     def leave(self) -> bool:
@@ -311,6 +323,18 @@ class GroupMember:
             if current is None:
                 return None, dict.fromkeys((r.shard for r in reports), FailOutcome.IGNORED)
             return protocol.fail_run(current, reports, reason, now, self.policy)
+
+        outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
+        return outcome
+
+    def launch_failed(self, reports: Sequence[RangeReport], reason: str) -> int:
+        """The launch of the run of ``reports`` raised: relaunched later, not an attempt. Returns the launches
+        of it that raised in a row (0: already handled)."""
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, int]:
+            if current is None:
+                return None, 0
+            return protocol.launch_failed(current, reports, reason, now, self.policy)
 
         outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
         return outcome

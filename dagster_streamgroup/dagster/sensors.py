@@ -180,14 +180,13 @@ def evaluate_member_tick(
     in_flight = list(protocol.runs_of(report.inflight).values())
     if instance is not None:
         notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
-    runs = _not_launched_yet(instance, in_flight, member_id)
+    runs = _not_launched_yet(instance, list(protocol.runs_of(report.to_request).values()), member_id)
     if not runs and _may_wait_in_tick(instance, resource, _sensors_in_location(context, len(peers))):
         waited = _wait_for_a_run_to_end(resource, member, report, started, tick_s)
         if waited is not None:
             notes.append(waited)
             report = member.tick()
-            in_flight = list(protocol.runs_of(report.inflight).values())
-            runs = _not_launched_yet(instance, in_flight, member_id)
+            runs = _not_launched_yet(instance, list(protocol.runs_of(report.to_request).values()), member_id)
     op_name = target.asset.node_def.name
     requests = [
         dg.RunRequest(
@@ -419,7 +418,9 @@ def _cancel_fenced_queued_runs(instance: dg.DagsterInstance, member_id: str, in_
 def _settle_ended_runs(
     member: GroupMember, instance: dg.DagsterInstance, state: GroupState, member_id: str
 ) -> list[str]:
-    """A run that crashed or was cancelled cannot report its failure: report it, so its ranges are retried."""
+    """A run that crashed or was cancelled cannot report its failure: report it, so its ranges are retried. A run
+    whose launch raised (tagged by the coordinator or the launcher, never started) read nothing: its ranges are
+    relaunched after a backoff without counting an attempt."""
     runs = protocol.runs_of(protocol.inflight_launches(state, member_id))
     if not runs:
         return []
@@ -434,6 +435,12 @@ def _settle_ended_runs(
         run = record.dagster_run
         launches = by_key.get(run.tags.get("dagster/run_key", ""))
         if launches is None:
+            continue
+        if run.tags.get(sgt.TAG_LAUNCH_FAILED) is not None and record.start_time is None:
+            reason = f"run {run.run_id}'s launch raised {run.tags[sgt.TAG_LAUNCH_FAILED]} (see its events)"
+            relaunches = member.launch_failed([protocol.report_of(x) for x in launches], reason)
+            if relaunches:
+                notes.append(f"{reason}: its ranges are relaunched (launch {relaunches} in a row), no attempt counted")
             continue
         outcomes = member.fail_run(
             [protocol.report_of(x) for x in launches], f"run {run.run_id} ended {run.status.value} without reporting"
@@ -665,6 +672,7 @@ OBSERVED_EVENTS = frozenset(
         EventKind.DRAIN_EXPIRED,
         EventKind.EVICTED,
         EventKind.CARRIED_OVER,
+        EventKind.LAUNCH_FAILING,
     }
 )
 

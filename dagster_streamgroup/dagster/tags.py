@@ -35,6 +35,9 @@ TAG_BACKFILL = PREFIX + "backfill"
 TAG_START = PREFIX + "start"
 TAG_END = PREFIX + "end"
 """A backfill of shard partitions from the UI gives its offset range in these two tags."""
+TAG_LAUNCH_FAILED = PREFIX + "launch_failed"
+"""Set on a run whose launch raised (its value: the error's type): no worker ever read its ranges, so its
+member relaunches them without counting an attempt."""
 
 _NAME_RE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -80,7 +83,7 @@ def dagster_run_key(launches: Sequence[Launch]) -> str:
     A range recorded in flight before shard epochs were part of run keys (state schema 2) gets the epoch
     appended, as the Dagster run key of its run had then, so an upgrade never requests its run twice."""
     first = launches[0]
-    if len(launches) == 1 and not first.run_key.endswith(f":e{first.epoch}"):
+    if len(launches) == 1 and not re.search(rf":e{first.epoch}(:l[0-9]+)?$", first.run_key):
         return f"{first.run_key}:e{first.epoch}"
     return first.run_key
 

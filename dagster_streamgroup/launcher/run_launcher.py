@@ -33,6 +33,7 @@ from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import ConfigurableClass, serialize_value
 from dagster._serdes.config_class import ConfigurableClassData
 
+from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED
 from dagster_streamgroup.launcher import process
 from dagster_streamgroup.launcher.client import ForkServerUnavailableError
 from dagster_streamgroup.launcher.pool import Lease, ServerPool
@@ -76,6 +77,14 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
     # Launching
 
     def launch_run(self, context: LaunchRunContext) -> None:
+        try:
+            self._launch_run(context)
+        except Exception as exc:
+            # Marked for the member that planned the run: a run no worker started is not an attempt.
+            self._instance.add_run_tags(context.dagster_run.run_id, {TAG_LAUNCH_FAILED: type(exc).__name__})
+            raise
+
+    def _launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         origin = run.job_code_origin
         if origin is None:

@@ -5,59 +5,126 @@ once a second at the fastest (``dequeue_interval_seconds`` is an integer) and sh
 the sensors: measured, a member run waited a median 1.2 s there before its launch, longer than the launch
 itself. A member run needs no queue for its own safety: the group protocol already keeps at most one range per
 shard in flight, and the run was planned in the tick that submits it. So a member run (tagged
-``streamgroup/member``) is launched at once when the instance's limits let it start now: fewer runs in progress
-than ``max_concurrent_runs`` and no tag concurrency limit reached (a backfill of one of its shards in progress
-holds a single-shard run back). Otherwise, and for every other run (backfills, the Launchpad, other jobs), the
-run is queued exactly as the ``QueuedRunCoordinator`` queues it, and its daemon launches it. The configuration
-is the ``QueuedRunCoordinator``'s, so switching between the two is one line of ``dagster.yaml``.
+``streamgroup/member``) is launched at once when the queue would launch it now; otherwise, and for every other
+run (backfills, the Launchpad, other jobs), the run is queued exactly as the ``QueuedRunCoordinator`` queues it,
+and its daemon launches it. The configuration is the ``QueuedRunCoordinator``'s, so switching between the two is
+one line of ``dagster.yaml``.
 
-A queued run blocked by a tag limit is not waited for: a member run it does not block may start before it, as
-the daemon's own pass would start it. Two submissions deciding at the same moment can both see room for one
-more run; the limits are then exceeded by the runs submitted in that instant. Per-shard order does not depend
-on it: member runs are fenced by the group state, and backfills commit nothing.
+"Would launch it now" is the queue daemon's own admission, read where the daemon reads it: the instance's
+``get_concurrency_config()`` (``concurrency: runs:`` overrides this coordinator's block, so
+``max_concurrent_runs: 0`` stops member runs too), the run limit, the tag limits, and the pools when op
+concurrency blocks runs. And only when no run is QUEUED: a queued run goes first whatever held it (a limit, its
+``dagster/priority``, its code location paused after a user-code failure, a retry of that failure), so a member
+run never overtakes the queue.
 
-The queue's test reads private parts of Dagster (the active run statuses, its tag-limit counter, the
-coordinator's instance), so it runs only where the guard (``dagster_streamgroup.patches.enabled``) allows it;
-on any other Dagster every run is queued, exactly as by the ``QueuedRunCoordinator``. The class is built only
-on Dagster's public names, so ``dagster.yaml`` loads it on any release. ``dagster.yaml`` names it by its
-configuration path, ``dagster_streamgroup.coordinator``.
+The decision and the launch's first write (the run's STARTING status) happen under one lock that every
+submission of the instance takes, member run or not. The daemon can only launch a run that a submission queued;
+a run queued after a member run's check is queued after that run is STARTING, so the daemon counts it, and a
+run queued before the check makes the member run queue too. The limits therefore hold whatever starts the runs.
+The lock is a file in the instance's directory (``.streamgroup/submit.lock``), shared by the processes of one
+host that use the instance (the daemon with its sensors, the webserver, ``dagster dev``); a deployment whose
+webserver and daemon run on different hosts shares no lock, and there two submissions in the same instant can
+still exceed a limit by the runs submitted in that instant.
+
+A launch that raises at submit (the run launcher's error: an API refusing, a fork failing under load) leaves
+the run FAILURE once, with the launcher's error as its engine event, tagged ``streamgroup/launch_failed``:
+the member's next tick relaunches its ranges without counting an attempt (see ``protocol.launch_failed``).
+
+The admission reads private parts of Dagster (the active run statuses, its tag-limit and pool counters), so it
+runs only where the guard (``dagster_streamgroup.patches.enabled``) allows it; on any other Dagster every run is
+queued, exactly as by the ``QueuedRunCoordinator``. The class is built only on Dagster's public names, so
+``dagster.yaml`` loads it on any release. ``dagster.yaml`` names it by its configuration path,
+``dagster_streamgroup.coordinator``.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 from dagster import DagsterRun, DagsterRunStatus, QueuedRunCoordinator, RunsFilter, SubmitRunContext
+from filelock import FileLock
 
 from dagster_streamgroup import patches
-from dagster_streamgroup.dagster.tags import TAG_MEMBER
+from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED, TAG_MEMBER
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = Path(".streamgroup") / "submit.lock"
+"""Under the instance's directory: the lock of every submission on this host."""
+
+_thread_lock = threading.Lock()
+"""The file lock is taken per open file, so threads of one process (the sensor daemon's pool) also take this."""
 
 
 class MemberRunCoordinator(QueuedRunCoordinator):
-    """Dagster's ``QueuedRunCoordinator``, except that member runs launch at submit when the limits allow."""
+    """Dagster's ``QueuedRunCoordinator``, except that member runs launch at submit when the queue would
+    launch them now."""
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
-        if (
-            run.status != DagsterRunStatus.NOT_STARTED
-            or TAG_MEMBER not in run.tags
-            or not patches.enabled()
-            or not self._may_start_now(run)
-        ):
+        if run.status != DagsterRunStatus.NOT_STARTED or not patches.enabled():
             submitted: DagsterRun = super().submit_run(context)
             return submitted
-        self._instance.launch_run(run.run_id, context.workspace)
+        with self._submission_lock():
+            if TAG_MEMBER not in run.tags or not self._may_start_now(run):
+                queued: DagsterRun = super().submit_run(context)
+                return queued
+            return self._launch(run, context)
+
+    def _launch(self, run: DagsterRun, context: SubmitRunContext) -> DagsterRun:
+        try:
+            self._instance.launch_run(run.run_id, context.workspace)
+        except Exception as exc:
+            # ``launch_run`` has recorded the launcher's error and failed the run; raising on would have
+            # Dagster's ``submit_run`` fail it a second time (two failure events, two alerts).
+            self._instance.add_run_tags(run.run_id, {TAG_LAUNCH_FAILED: type(exc).__name__})
+            log.warning("member run %s could not be launched: %s", run.run_id, type(exc).__name__)
         launched = self._instance.get_run_by_id(run.run_id)
         if launched is None:
             raise RuntimeError(f"run {run.run_id} vanished while it was launched")
         return launched
 
+    @contextmanager
+    def _submission_lock(self) -> Iterator[None]:
+        path = Path(self._instance.root_directory) / LOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _thread_lock, FileLock(str(path), timeout=60):
+            yield
+
     def _may_start_now(self, run: DagsterRun) -> bool:
-        """The queue's own test (``QueuedRunCoordinatorDaemon``) against the runs in progress right now."""
+        """The queue daemon's admission (``QueuedRunCoordinatorDaemon``) against the runs in progress now, and
+        an empty queue."""
+        from dagster._core.op_concurrency_limits_counter import GlobalOpConcurrencyLimitsCounter
         from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES
         from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-        config = self.get_run_queue_config()
-        active = [r.dagster_run for r in self._instance.get_run_records(RunsFilter(statuses=ACTIVE_RUN_STATUSES))]
+        concurrency = self._instance.get_concurrency_config()
+        config = concurrency.run_queue_config
+        if config is None:
+            return False
+        if self._instance.get_runs_count(RunsFilter(statuses=[DagsterRunStatus.QUEUED])) > 0:
+            return False
+        records = self._instance.get_run_records(RunsFilter(statuses=ACTIVE_RUN_STATUSES))
+        active = [r.dagster_run for r in records]
         if config.max_concurrent_runs != -1 and len(active) >= config.max_concurrent_runs:
             return False
-        counter = TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active)
-        return not counter.is_blocked(run)
+        if TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run):
+            return False
+        if config.should_block_op_concurrency_limited_runs:
+            storage = self._instance.event_log_storage
+            pools = GlobalOpConcurrencyLimitsCounter(
+                self._instance,
+                [run],
+                records,
+                concurrency_keys=storage.get_concurrency_keys(),
+                pool_limits=storage.get_pool_limits(),
+                slot_count_offset=config.op_concurrency_slot_buffer,
+                pool_granularity=concurrency.pool_config.pool_granularity,
+            )
+            if pools.is_blocked(run):
+                return False
+        return True

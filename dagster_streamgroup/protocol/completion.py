@@ -10,6 +10,7 @@ none (``commit_run``), each range checked on its own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from enum import StrEnum
 
@@ -317,6 +318,83 @@ def fail_run(
     for report in reports:
         state, outcomes[report.shard] = fail(state, report, reason, now, policy)
     return state, outcomes
+
+
+LAUNCH_BACKOFF_CAP_S = 60.0
+"""The longest wait between relaunches of a range whose launches keep raising."""
+LAUNCH_FAILURES_EVENT = 3
+"""Launches of one range that raised in a row before the group records an event (and every 10th after it)."""
+
+
+def relaunch_key(run_key: str, relaunches: int) -> str:
+    """The run key of a range's ``relaunches``-th relaunch: a new key, so the orchestrator, which keeps the
+    failed run's key for good, does not skip the relaunch as a duplicate."""
+    return f"{re.sub(r':l[0-9]+$', '', run_key)}:l{relaunches}"
+
+
+def launch_backoff_s(relaunches: int, policy: GroupPolicy) -> float:
+    """Doubling from the heartbeat up to ``LAUNCH_BACKOFF_CAP_S``."""
+    return float(min(LAUNCH_BACKOFF_CAP_S, policy.heartbeat_interval_s * 2 ** max(0, relaunches - 1)))
+
+
+def launch_failed(
+    state: GroupState, reports: Sequence[RangeReport], reason: str, now: float, policy: GroupPolicy
+) -> tuple[GroupState, int]:
+    """The launch of a run raised: no worker started, nothing was read, so it is not an attempt. Its ranges stay
+    in flight with their bounds, under a new run key, and are requested again after a backoff; a range whose
+    shard moved on meanwhile is released with its bounds for the next owner. Returns the state and the number of
+    relaunches in a row (0: the report was stale and changed nothing).
+
+    Counting it as an attempt would park or dead-letter every shard of a member through a launcher outage of a
+    few ticks, and with dead letters move the committed offset past records nobody read."""
+    held = [
+        (r, shard)
+        for r in reports
+        if (shard := state.shards.get(r.shard)) is not None
+        and shard.inflight is not None
+        and shard.inflight.run_key == r.run_key
+        and shard.inflight.epoch == r.epoch
+        and shard.inflight.member_id == r.member_id
+    ]
+    if not held:
+        return state, 0
+    relaunches = max(shard.inflight.relaunches for _, shard in held if shard.inflight is not None) + 1
+    backoff = launch_backoff_s(relaunches, policy)
+    new_key = relaunch_key(held[0][0].run_key, relaunches)
+    changed: dict[str, ShardState] = {}
+    for report, shard in held:
+        inflight = shard.inflight
+        assert inflight is not None
+        if shard.owner != report.member_id or shard.epoch != report.epoch or inflight.orphaned_at is not None:
+            released = evolve(shard, inflight=None, retry_end=inflight.end)
+            changed[report.shard] = _leave_if_departed(state, released)
+            continue
+        relaunch = evolve(inflight, run_key=new_key, relaunches=relaunches, not_before=now + backoff)
+        changed[report.shard] = evolve(shard, inflight=relaunch)
+    new_state = state.model_copy(update={"shards": {**state.shards, **changed}})
+    if relaunches == LAUNCH_FAILURES_EVENT or (relaunches > LAUNCH_FAILURES_EVENT and relaunches % 10 == 0):
+        ranges = ", ".join(f"{r.shard} [{r.start}, {r.end})" for r, _ in held)
+        event = GroupEvent(
+            kind=EventKind.LAUNCH_FAILING,
+            at=now,
+            member_id=held[0][0].member_id,
+            detail=f"the run of {ranges} could not be launched {relaunches} times in a row (last: {reason}); "
+            f"relaunching in {backoff:g} s, no attempt counted: check the run launcher",
+        )
+        new_state = add_events(new_state, event)
+    return new_state, relaunches
+
+
+def held_back(state: GroupState, member_id: str, now: float) -> set[str]:
+    """Run keys of ``member_id``'s ranges in flight that wait out a launch backoff: not requested before then."""
+    return {
+        s.inflight.run_key
+        for s in state.shards.values()
+        if s.inflight is not None
+        and s.inflight.member_id == member_id
+        and s.inflight.not_before is not None
+        and s.inflight.not_before > now
+    }
 
 
 def touch(state: GroupState, reports: Sequence[RangeReport], now: float) -> GroupState:

@@ -17,11 +17,12 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 STATE_KIND = "dagster-streamgroup/group-state"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: ``ShardState.retry_end`` and ``ahead_since``; a version-1 state reads as one with neither set.
 3: ``ShardState.last_commit_member``/``last_commit_epoch``, ``GroupState.dead_letters`` and
 ``GroupState.unrecorded_runs``; a version-2 state reads as one with none of them (a replayed commit of a range
-accepted before the upgrade is refused, not applied twice)."""
+accepted before the upgrade is refused, not applied twice).
+4: ``InFlight.relaunches``/``not_before`` (launches that raised); a version-3 state reads as one with none."""
 
 
 T = TypeVar("T")
@@ -79,6 +80,11 @@ class InFlight:
     launched_at: float
     orphaned_at: float | None = None
     alive_at: float | None = None
+    relaunches: int = 0
+    """Launches of this range that raised in a row (the run launcher's error; no worker read anything): each
+    is relaunched under a new run key without counting an attempt."""
+    not_before: float | None = None
+    """After a launch that raised: the range's run is not requested again before this time (backoff)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,7 @@ class EventKind(StrEnum):
     DRAIN_EXPIRED = "drain_expired"
     OFFSETS_AHEAD = "offsets_ahead"
     CARRIED_OVER = "carried_over"
+    LAUNCH_FAILING = "launch_failing"
 
 
 @dataclass(frozen=True)

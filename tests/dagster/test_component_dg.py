@@ -1,6 +1,7 @@
 """The components through the real ``dg`` CLI (dagster-dg-cli, pinned in the dev group) in a temporary project:
 listed through the ``dagster_dg_cli.registry_modules`` entry point, scaffolded into a working ``defs.yaml`` and
-function stub, validated by ``dg check`` with errors that name the YAML field, listed by ``dg list defs``.
+function stub, validated by ``dg check`` with errors that name the YAML field, listed by ``dg list defs``, and
+served by a real ``dagster dev``.
 
 The project is what ``create-dagster project`` lays out (pyproject.toml with ``[tool.dg]``, ``src/<name>/defs``,
 a ``definitions.py`` that loads the defs folder), with this checkout's virtualenv standing in for the project's
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_streamgroup.dagster.devserver import ROOT
+from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev
 
 DG = str(ROOT / ".venv/bin/dg")
 KAFKA_TYPE = "dagster_streamgroup.KafkaStreamGroupComponent"
@@ -205,3 +206,42 @@ def test_dg_check_names_the_yaml_field(project: DgProject) -> None:
 
     defs_yaml.write_text(bad.replace(f"sasl_password: {secret}", "sasl_password: {env: KAFKA_PASSWORD}"))
     assert "All definitions loaded successfully." in project.ok("check", "defs")
+
+
+def test_the_scaffolded_project_loads_in_dagster_dev(project: DgProject) -> None:
+    """What ``dg check defs`` validated is what a real ``dagster dev`` serves: the asset, its checks, the member
+    sensors and the resources, read back over the webserver's GraphQL."""
+    project.ok("scaffold", "defs", KAFKA_TYPE, "clicks")
+    workspace = project.root / "workspace.yaml"
+    workspace.write_text(
+        textwrap.dedent(
+            f"""\
+            load_from:
+              - python_module:
+                  module_name: {project.name}.definitions
+                  working_directory: {project.src}
+                  location_name: {project.name}
+            """
+        )
+    )
+    dev = DagsterDev(project.home, project.env(), project.root / "dagster-dev.log", workspace=workspace)
+    with dev:
+        dev.start()
+        data = dev.graphql(
+            """query($r: RepositorySelector!) {
+                 repositoryOrError(repositorySelector: $r) { __typename ... on Repository {
+                   assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name } } } }
+                   sensors { name sensorState { status } }
+                   allTopLevelResourceDetails { name configFields { name } } } } }""",
+            {"r": {"repositoryLocationName": project.name, "repositoryName": "__repository__"}},
+        )
+    repository = data["repositoryOrError"]
+    assert repository["__typename"] == "Repository", (repository, dev.log.read_text(errors="replace")[-4000:])
+    assert [node["assetKey"]["path"] for node in repository["assetNodes"]] == [["clicks"]]
+    checks = repository["assetNodes"][0]["assetChecksOrError"]["checks"]
+    assert sorted(c["name"] for c in checks) == ["lag_below_limit", "no_parked_ranges"]
+    sensors = {s["name"]: s["sensorState"]["status"] for s in repository["sensors"]}
+    assert sensors == {f"clicks_member_{i}": "STOPPED" for i in range(3)}  # the scaffold's default_status
+    resources = {r["name"]: {f["name"] for f in r["configFields"]} for r in repository["allTopLevelResourceDetails"]}
+    assert {"streamgroup_clicks", "pyspark_clicks"} <= set(resources), resources
+    assert {"group", "bootstrap_servers", "topics", "sasl_password"} <= resources["streamgroup_clicks"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -340,3 +341,63 @@ def test_a_queued_run_whose_ranges_moved_on_is_cancelled_before_it_starts(
         )
         assert instance.get_run_by_id(fenced.run_id).status == dg.DagsterRunStatus.CANCELED  # type: ignore[union-attr]
         assert instance.get_run_by_id(live.run_id).status == dg.DagsterRunStatus.NOT_STARTED  # type: ignore[union-attr]
+
+
+def test_a_launch_that_raised_is_relaunched_with_backoff_and_never_counts_as_an_attempt(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """The run launcher fails for three launches in a row (each run left FAILURE and tagged by
+    ``MemberRunCoordinator``, as tests/launcher/test_member_coordinator.py shows it does); with ``max_attempts=2``,
+    counting them as attempts would dead-letter both shards. Nothing is parked or dead-lettered, each relaunch
+    has the same ranges under a new key after a doubling backoff, and the run that finally starts reads all of
+    them."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 100)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_attempts=2, after_max_attempts="dead_letter")
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    shards = [f"{topic}:0", f"{topic}:1"]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensor, instance, resource)
+        request = driver.request()
+        planned = ranges_of_request(request)
+        assert planned == [(shards[0], 0, 51), (shards[1], 0, 51)]
+        keys = [request.run_key]
+        observed: list[str] = []
+        for failure in range(1, 4):
+            assert request.tags is not None
+            create_run_for_test(
+                instance,
+                status=dg.DagsterRunStatus.FAILURE,
+                tags={**request.tags, "dagster/run_key": request.run_key or "", sgt.TAG_LAUNCH_FAILED: "ApiException"},
+            )
+            held = driver.tick()
+            assert not held.run_requests, "held back for the backoff"
+            assert held.skip_reason is not None and "no attempt counted" in (held.skip_reason.skip_message or "")
+            observed += [
+                str(e.metadata["event"].value) for e in held.asset_events if isinstance(e, dg.AssetObservation)
+            ]
+            time.sleep(2 ** (failure - 1) + 0.2)  # the backoff doubles from the 1 s heartbeat
+            request = driver.request()
+            assert ranges_of_request(request) == planned, "the same bounds"
+            assert request.tags is not None and request.tags[sgt.TAG_ATTEMPT] == "0"
+            keys.append(request.run_key)
+        assert keys[1:] == [f"{keys[0]}:l{n}" for n in (1, 2, 3)]
+        assert observed == ["launch_failing"], "one event, at the third launch in a row"
+
+        state = resource.member(driver.member_id).load()
+        assert state is not None and state.dead_letters == ()
+        assert all(state.shards[s].parked is None and state.shards[s].attempt == 0 for s in shards)
+
+        # The launcher recovered: this run starts, reads every planned range and commits them.
+        assert request.tags is not None
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.STARTED,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        )
+        member = resource.member(driver.member_id)
+        inflight = protocol.inflight_launches(member.load() or state, driver.member_id)
+        assert member.commit_run([protocol.report_of(x) for x in inflight]).accepted
+        done = member.load()
+        assert done is not None and {s: done.shards[s].committed for s in shards} == {s: 51 for s in shards}

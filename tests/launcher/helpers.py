@@ -44,8 +44,9 @@ def instance_yaml(
     queued: bool = False,
     monitoring_poll_s: float | None = None,
     coordinator: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
-    settings: dict[str, Any] = {"telemetry": {"enabled": False}}
+    settings: dict[str, Any] = {"telemetry": {"enabled": False}, **(extra or {})}
     if coordinator is not None:
         settings["run_coordinator"] = dict(coordinator)
     elif queued:

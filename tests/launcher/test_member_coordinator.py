@@ -4,7 +4,9 @@ queues stays QUEUED, so a run that starts was launched at submit."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -77,3 +79,81 @@ def test_a_member_run_queues_behind_a_shard_limit_or_a_full_instance(deployment:
     after = deployment.launch("quick_job", {sgt.TAG_MEMBER: "reader@test"})
     assert deployment.run(after).status != dg.DagsterRunStatus.QUEUED, "room again: launched at submit"
     assert deployment.wait(after, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+
+
+def new_deployment(tmp_path: Path, **settings: Any) -> Deployment:
+    return Deployment(tmp_path / "home", copy_location(tmp_path / "location"), instance_yaml(**settings))
+
+
+PLAIN = {"module": "dagster_streamgroup.coordinator", "class": "MemberRunCoordinator"}
+"""The coordinator with no limits of its own: the instance's ``concurrency:`` block sets them."""
+
+
+def test_the_instance_concurrency_block_holds_member_runs(tmp_path: Path) -> None:
+    """``concurrency: runs: max_concurrent_runs: 0`` is Dagster's way to stop every launch: member runs too."""
+    stopped = new_deployment(
+        tmp_path / "a", coordinator=PLAIN, extra={"concurrency": {"runs": {"max_concurrent_runs": 0}}}
+    )
+    try:
+        member = stopped.launch("quick_job", {sgt.TAG_MEMBER: "reader@test"})
+        assert stopped.run(member).status == dg.DagsterRunStatus.QUEUED
+    finally:
+        stopped.close()
+
+    limits = {"concurrency": {"runs": {"max_concurrent_runs": 5, "tag_concurrency_limits": LIMITS}}}
+    limited = new_deployment(tmp_path / "b", coordinator=PLAIN, extra=limits)
+    try:
+        holding = limited.launch("wait_job", member_tags(tmp_path / "release", **{sgt.TAG_SHARD: "t:0"}))
+        assert limited.run(holding).status != dg.DagsterRunStatus.QUEUED
+        same_shard = limited.launch("quick_job", {sgt.TAG_MEMBER: "reader@test", sgt.TAG_SHARD: "t:0"})
+        assert limited.run(same_shard).status == dg.DagsterRunStatus.QUEUED, "the per-shard limit of concurrency:"
+        # A queued run goes first: with one QUEUED, a member run that no limit holds back queues behind it.
+        behind = limited.launch("quick_job", {sgt.TAG_MEMBER: "reader@test", sgt.TAG_SHARD: "t:1"})
+        assert limited.run(behind).status == dg.DagsterRunStatus.QUEUED, "never overtakes the queue"
+        (tmp_path / "release").touch()
+        assert limited.wait(holding, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    finally:
+        limited.close()
+
+
+def test_submissions_from_many_threads_never_exceed_a_limit_of_one(tmp_path: Path) -> None:
+    """The sensor daemon submits from a pool of threads: the check and the launch are one step under the
+    submission lock, so of eight member runs submitted at once exactly one starts and the others queue."""
+    deployment = new_deployment(tmp_path, coordinator=coordinator(1))
+    try:
+        releases = [tmp_path / f"release-{i}" for i in range(8)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            run_ids = list(pool.map(lambda r: deployment.launch("wait_job", member_tags(r)), releases))
+        statuses = [deployment.run(run_id).status for run_id in run_ids]
+        assert statuses.count(dg.DagsterRunStatus.QUEUED) == 7, statuses
+        started = next(run_id for run_id, s in zip(run_ids, statuses, strict=True) if s != dg.DagsterRunStatus.QUEUED)
+        for release in releases:
+            release.touch()
+        assert deployment.wait(started, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    finally:
+        deployment.close()
+
+
+def test_a_launch_that_raises_fails_the_run_once_and_marks_it(tmp_path: Path) -> None:
+    """The member's next tick reads the mark and relaunches without counting an attempt
+    (tests/dagster/test_sensors.py); Dagster's failure sensors see one failure, not two."""
+    refuse = tmp_path / "refuse"
+    refuse.touch()
+    launcher = {"module": "tests.launcher.refusing_launcher", "class": "RefusingRunLauncher"}
+    deployment = new_deployment(
+        tmp_path, coordinator=coordinator(2), launcher=launcher, launcher_config={"refuse_file": str(refuse)}
+    )
+    try:
+        failed = deployment.launch("quick_job", {sgt.TAG_MEMBER: "reader@test"})
+        run = deployment.run(failed)
+        assert run.status == dg.DagsterRunStatus.FAILURE
+        assert run.tags[sgt.TAG_LAUNCH_FAILED] == "RuntimeError"
+        failures = deployment.instance.all_logs(failed, of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert len(failures) == 1, [r.dagster_event.message for r in failures if r.dagster_event]
+        assert any("refused to create the run's worker" in m for m in deployment.messages(failed))
+        refuse.unlink()
+        recovered = deployment.launch("quick_job", {sgt.TAG_MEMBER: "reader@test"})
+        assert deployment.wait(recovered, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+        assert sgt.TAG_LAUNCH_FAILED not in deployment.run(recovered).tags
+    finally:
+        deployment.close()

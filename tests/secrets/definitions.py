@@ -5,11 +5,13 @@ The Kafka group is the example's own asset and member sensors (``jobs/``, ``sens
 ``$CLICKSTREAM_SECRET_PATH``, Nuclio's ``secretPath`` convention) and keeping its group state in PostgreSQL
 (``store_url`` from ``dg.EnvVar``: the URL holds the password). The v3io group runs the example's aggregation
 over a v3io stream, its key from ``dg.EnvVar("V3IO_ACCESS_KEY")`` and its state next to the stream. No secret
-is a literal here: the code location holds variable names and a file name only.
+is a literal here: the code location holds variable names and a file name only. A third group, a Kafka group
+on its own topic, is the component's: ``component_defs/clicks_yaml/defs.yaml``, its password ``{env: NAME}``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from dagster_streamgroup.dagster import (
     ranges_of,
     stream_asset,
 )
+from dagster_streamgroup.dagster.devserver import ROOT
 from jobs import settings
 from jobs.clickstream import EVENT_SCHEMA, page_views_per_minute, payload_column, with_range_column
 from sensors.clickstream import clickstream_members
@@ -41,6 +44,10 @@ V3IO_KEY_ENV = "V3IO_ACCESS_KEY"
 V3IO_GROUP = f"{settings.GROUP}_v3io"
 V3IO_ASSET = "page_views_per_minute_v3io"
 V3IO_OUTPUT = settings.OUTPUT / "v3io"
+COMPONENT_GROUP_ENV = "CLICKSTREAM_YAML_GROUP"
+COMPONENT_TOPIC_ENV = "CLICKSTREAM_YAML_TOPIC"
+COMPONENT_PASSWORD_ENV = "CLICKSTREAM_YAML_SASL_PASSWORD"
+COMPONENT_ASSET = "clicks_yaml"
 
 
 @stream_asset(group=V3IO_GROUP, name=V3IO_ASSET, resource_key="streamgroup_v3io", kinds={"spark", "v3io", "parquet"})
@@ -69,7 +76,7 @@ _policy: dict[str, Any] = {
     "max_wait_s": settings.MAX_WAIT_S,
 }
 
-defs = dg.Definitions(
+python_defs = dg.Definitions(
     assets=[page_views_per_minute, page_views_per_minute_v3io],
     sensors=[
         *clickstream_members,
@@ -111,3 +118,6 @@ defs = dg.Definitions(
     },
     executor=dg.in_process_executor,
 )
+
+component_defs = dg.load_defs(defs_root=importlib.import_module("tests.secrets.component_defs"), project_root=ROOT)
+defs = dg.Definitions.merge(python_defs, component_defs)

@@ -387,6 +387,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     database = state_database(postgres_url, values["postgres_password"])
     group, topic = f"secrets_{uuid.uuid4().hex[:8]}", f"clicks-{uuid.uuid4().hex[:8]}"
     v3io_group, stream_path = f"{group}_v3io", f"clicks_{uuid.uuid4().hex[:8]}"
+    yaml_group, yaml_topic = f"{group}_yaml", f"{topic}-yaml"  # the component's group (component_defs/)
     evidence = Evidence()
     counts: dict[str, Any] = {}
     started = time.monotonic()
@@ -405,8 +406,11 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         )
 
         # Data on both streams before the deployment starts.
-        create_topics(broker.client_config(values["sasl_password"]).client_config(), {topic: PARTITIONS})
+        create_topics(
+            broker.client_config(values["sasl_password"]).client_config(), {topic: PARTITIONS, yaml_topic: PARTITIONS}
+        )
         produce_kafka(broker, topic, values["sasl_password"], RECORDS, seed=1)
+        produce_kafka(broker, yaml_topic, values["sasl_password"], RECORDS, seed=7)
         client = v3io_client(info.endpoint, values["v3io_access_key"])
         stack.callback(client.close)
         shards = ensure_v3io_stream(client, V3IO_CONTAINER, stream_path, PARTITIONS)
@@ -436,19 +440,30 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
             location.SECRET_PATH_ENV: str(secret_dir),
             location.STORE_URL_ENV: database.url(values["postgres_password"]),
             location.V3IO_KEY_ENV: values["v3io_access_key"],
+            # The component's group: its password from `{env: NAME}` in its defs.yaml.
+            location.COMPONENT_GROUP_ENV: yaml_group,
+            location.COMPONENT_TOPIC_ENV: yaml_topic,
+            location.COMPONENT_PASSWORD_ENV: values["sasl_password"],
         }
         dev_log = work_dir / "dagster-dev.log"
         dev = DagsterDev(home, env, dev_log, workspace=WORKSPACE)
         stack.callback(dev.close)
         dev.start()
 
-        # 1. Runs succeed on both streams: the SASL login, the key and the PostgreSQL store all work.
+        # 1. Runs succeed on both streams and in the component's group: the SASL login, the key and the
+        #    PostgreSQL store all work.
         kafka = kafka_resource(broker, group, topic, values["sasl_password"])
-        wait_for("both groups to drain", lambda: caught_up(kafka) and caught_up(v3io), 300.0, 2.0)
+        yaml_kafka = kafka_resource(broker, yaml_group, yaml_topic, values["sasl_password"])
+        wait_for(
+            "the three groups to drain",
+            lambda: caught_up(kafka) and caught_up(v3io) and caught_up(yaml_kafka),
+            300.0,
+            2.0,
+        )
         runs = ended_runs(dev)
         assert {r["status"] for r in runs} == {"SUCCESS"}, runs
-        assert {r["tags"][TAG_GROUP] for r in runs} == {group, v3io_group}
-        print(f"both groups drained, {elapsed()} after the start", flush=True)
+        assert {r["tags"][TAG_GROUP] for r in runs} == {group, v3io_group, yaml_group}
+        print(f"the three groups drained, {elapsed()} after the start", flush=True)
 
         # 2. The SASL password is rotated on the broker while the deployment still holds the old one: the
         #    members keep their logged-in connections, the next run logs in anew and is refused; its range
@@ -479,7 +494,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         print(f"run {store_failure['runId']} failed on the rotated store password: {elapsed()}", flush=True)
 
         counts["graphql"] = graphql_evidence(
-            dev, evidence, ["page_views_per_minute", location.V3IO_ASSET], "clickstream"
+            dev, evidence, ["page_views_per_minute", location.V3IO_ASSET, location.COMPONENT_ASSET], "clickstream"
         )
         dev.stop()
 
@@ -498,6 +513,10 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
             {
                 "status": (["status", "--group", group, *definitions], cli_env),
                 "status v3io": (["status", "--group", v3io_group, *definitions], cli_env),
+                "status yaml": (
+                    ["status", "--group", yaml_group, *definitions],
+                    {**cli_env, location.COMPONENT_PASSWORD_ENV: values["sasl_password_rotated"]},
+                ),
                 "backfill --dry-run": ([*dry_run, *definitions], cli_env),
                 "status, wrong store password": (
                     ["status", "--group", group, *definitions],
@@ -566,6 +585,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     # events, and each CLI command ended as it should.
     shown = b"".join(evidence.texts.values())
     assert location.STORE_URL_ENV.encode() in shown  # the resources' configuration, from the decompressed snapshots
+    assert location.COMPONENT_PASSWORD_ENV.encode() in shown  # the component's password: a variable's name only
     assert b"password authentication failed" in shown
     assert b"All broker connections are down" in shown or b"Authentication failed" in shown
     assert cli["status"].returncode == 0 and group in cli["status"].stdout, cli["status"]
@@ -573,6 +593,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     resolved = f"{2 * PARTITIONS} dead letter(s) resolved"  # both runs' ranges, one per partition
     assert cli["resolve"].returncode == 0 and resolved in cli["resolve"].stdout, cli["resolve"]
     assert cli["status v3io"].returncode == 0 and v3io_group in cli["status v3io"].stdout, cli["status v3io"]
+    assert cli["status yaml"].returncode == 0 and yaml_group in cli["status yaml"].stdout, cli["status yaml"]
     assert cli["backfill --dry-run"].returncode == 0 and f"{shard} [0, 100)" in cli["backfill --dry-run"].stdout
     for name in ("status, wrong store password", "status, wrong SASL password", "status v3io, wrong access key"):
         assert cli[name].returncode != 0, cli[name]

@@ -37,8 +37,9 @@ def test_foreign_or_newer_states_are_refused(text: str, error: type[Exception], 
 def test_older_states_read_and_are_written_back_at_the_current_version() -> None:
     """Version 2 added ``retry_end`` and ``ahead_since``; version 3 the last committer's member and epoch, the
     dead letters and the unrecorded runs, and dropped successor gating. An older state has none of the new
-    fields (and may carry the dropped one); once written back at version 3, a member of an older version
-    refuses it instead of dropping fields."""
+    fields (and may carry the dropped one); version 4 the relaunch count of a range in flight
+    (test_launch_failures.py). Once written back at the current version, a member of an older version refuses
+    it instead of dropping fields."""
     state = balanced_start(2, ("a",))
     for version, removed, added in [
         (
@@ -56,5 +57,5 @@ def test_older_states_read_and_are_written_back_at_the_current_version() -> None
                 del shard[name]
             shard.update(added)
         old = decode_state(json.dumps(raw), where="t")
-        assert old.schema_version == protocol.state.SCHEMA_VERSION == 3
+        assert old.schema_version == protocol.state.SCHEMA_VERSION == 4
         assert old.shards == state.shards and old.dead_letters == () and old.unrecorded_runs == {}
