@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from dagster_streamgroup.dagster import StreamRange, ranges_of, stream_asset
+from dagster_streamgroup.dagster import range_key, ranges_of, stream_asset, with_range_column
 from jobs import settings
 
 if TYPE_CHECKING:
@@ -33,24 +33,12 @@ def payload_column(df: DataFrame) -> str:
 
 
 def range_directory(shard: str, start: int, end: int) -> str:
-    return f"{shard.replace(':', '-')}-{start:012d}-{end:012d}"
+    """The folder name of a range's output (``range=<this>``), as ``with_range_column`` writes it."""
+    return range_key(shard, start, end)
 
 
 def range_output(shard: str, start: int, end: int) -> str:
     return str(settings.OUTPUT / f"range={range_directory(shard, start, end)}")
-
-
-def with_range_column(df: DataFrame, ranges: list[StreamRange]) -> DataFrame:
-    """Each row tagged with the directory of the range it belongs to (a run holds one range per shard)."""
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-    shard = F.concat_ws(":", "topic", "partition") if "topic" in df.columns else F.col("shard").cast("string")
-    directory = F.lit(None).cast("string")
-    for r in ranges:
-        directory = F.when(shard == F.lit(r.shard), F.lit(range_directory(r.shard, r.start, r.end))).otherwise(
-            directory
-        )
-    return df.withColumn("range", directory)
 
 
 @stream_asset(group=settings.GROUP, name="page_views_per_minute", kinds={"spark", settings.STREAM, "parquet"})

@@ -16,6 +16,7 @@ from dagster_streamgroup.dagster.component import (
     V3ioStreamGroupComponent,
 )
 from dagster_streamgroup.dagster.definitions import stream_definitions
+from dagster_streamgroup.dagster.output import range_key, with_range_column
 from dagster_streamgroup.dagster.resources import (
     KafkaStreamGroup,
     StreamGroupConfigError,
@@ -43,9 +44,11 @@ __all__ = [
     "member_sensor_names",
     "member_sensors",
     "prepare_spark_environment",
+    "range_key",
     "range_of",
     "ranges_of",
     "stream_asset",
     "stream_definitions",
     "stream_freshness_policy",
+    "with_range_column",
 ]

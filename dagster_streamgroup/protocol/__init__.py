@@ -17,6 +17,7 @@ from dagster_streamgroup.protocol.completion import (
     commit,
     commit_run,
     confirm_recorded,
+    deployment_of,
     fail,
     fail_run,
     held_back,
@@ -24,8 +25,10 @@ from dagster_streamgroup.protocol.completion import (
     relaunch_key,
     report_of,
     resolve_dead_letters,
+    settle_orphaned_unrecorded,
     touch,
     unpark,
+    unrecorded_in_charge,
 )
 from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat, leave
 from dagster_streamgroup.protocol.planning import (
@@ -82,6 +85,7 @@ __all__ = [
     "commit_run",
     "confirm_recorded",
     "decode_state",
+    "deployment_of",
     "encode_state",
     "evict_stale",
     "expire_drains",
@@ -106,9 +110,11 @@ __all__ = [
     "run_key",
     "runs_of",
     "runs_still_inflight",
+    "settle_orphaned_unrecorded",
     "split_budget",
     "sync_shards",
     "touch",
     "unpark",
+    "unrecorded_in_charge",
     "waiting_behind_inflight",
 ]

@@ -167,10 +167,67 @@ def _with_unrecorded(unrecorded: dict[str, UnrecordedRun], report: RangeReport) 
     return {**unrecorded, report.run_key: entry}
 
 
+def deployment_of(member_id: str) -> str | None:
+    """The deployment part of a member id (``<sensor>@<deployment>``): members of one deployment share its
+    Dagster instance, so each can read the others' runs."""
+    return member_id.rsplit("@", 1)[1] if "@" in member_id else None
+
+
+def unrecorded_in_charge(state: GroupState, member_id: str) -> dict[str, UnrecordedRun]:
+    """The unrecorded runs ``member_id`` checks and repairs: its own, and those of members of its deployment that
+    are gone (evicted, left, deleted) when it is that deployment's first live member by id, so one member, not
+    every one, repairs each. A member id without a deployment (no instance to name it) adopts nothing."""
+    deployment = deployment_of(member_id)
+    live = sorted(m for m in state.members if deployment_of(m) == deployment)
+    heir = deployment is not None and bool(live) and live[0] == member_id
+    return {
+        key: u
+        for key, u in state.unrecorded_runs.items()
+        if u.member_id == member_id
+        or (heir and u.member_id not in state.members and deployment_of(u.member_id) == deployment)
+    }
+
+
+def settle_orphaned_unrecorded(state: GroupState, now: float, drain_timeout_s: float) -> GroupState:
+    """Entries of a deployment with no live member: marked when first seen so, dropped with an event naming their
+    ranges once that has lasted ``drain_timeout_s`` (nobody is left who can see whether Dagster recorded them);
+    unmarked if a member of the deployment comes back."""
+    if not state.unrecorded_runs:
+        return state
+    deployments = {deployment_of(m) for m in state.members}
+    kept: dict[str, UnrecordedRun] = {}
+    events: list[GroupEvent] = []
+    for key, entry in state.unrecorded_runs.items():
+        alive = deployment_of(entry.member_id) in deployments
+        if alive:
+            kept[key] = entry if entry.orphaned_at is None else evolve(entry, orphaned_at=None)
+        elif entry.orphaned_at is None:
+            kept[key] = evolve(entry, orphaned_at=now)
+        elif now - entry.orphaned_at < drain_timeout_s:
+            kept[key] = entry
+        else:
+            ranges = ", ".join(f"{shard} [{start}, {end})" for shard, start, end in entry.ranges)
+            events.append(
+                GroupEvent(
+                    kind=EventKind.UNRECORDED_DROPPED,
+                    at=now,
+                    member_id=entry.member_id,
+                    detail=f"run {key} committed {ranges}, and no member of its deployment has been left for "
+                    f"{now - entry.orphaned_at:.0f} s to check that Dagster recorded its materializations: "
+                    "the entry is dropped (the offsets stay committed; look the run up in its deployment)",
+                )
+            )
+    if kept == state.unrecorded_runs:
+        return state
+    return add_events(state.model_copy(update={"unrecorded_runs": kept}), *events)
+
+
 def confirm_recorded(state: GroupState, member_id: str, run_keys: Collection[str]) -> GroupState:
     """``member_id`` has seen the runs of ``run_keys`` recorded in Dagster (by the runs, or by itself): their
-    entries go. Only the launching member confirms, because only its deployment holds the runs' records."""
-    gone = [k for k in run_keys if (u := state.unrecorded_runs.get(k)) is not None and u.member_id == member_id]
+    entries go. Only a member of the launching deployment confirms (the launching member, or the one in charge
+    once it is gone: ``unrecorded_in_charge``), because only that deployment holds the runs' records."""
+    mine = unrecorded_in_charge(state, member_id)
+    gone = [k for k in run_keys if k in mine]
     if not gone:
         return state
     kept = {k: u for k, u in state.unrecorded_runs.items() if k not in gone}

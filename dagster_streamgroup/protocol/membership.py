@@ -39,6 +39,14 @@ def heartbeat(state: GroupState, member_id: str, now: float, liveness_timeout_s:
     return state.model_copy(update={"members": members})
 
 
+def released_with_bounds(inflight: InFlight) -> dict[str, object]:
+    """A range whose run may still be running (a drain that expired, a run that stopped saying it is alive) goes
+    back to the pool with its bounds: the next run of the shard reads exactly ``[start, end)`` again (as a
+    failed range's retry does, without counting an attempt), so a zombie that still writes its output writes
+    the same range's output, which that run replaces, instead of an overlapping one."""
+    return {"inflight": None, "backlog_since": None, "retry_end": inflight.end}
+
+
 def run_is_dead(inflight: InFlight, now: float, liveness_timeout_s: float) -> bool:
     """The run said it was alive once, and has not for ``liveness_timeout_s``: its process is gone (or stopped)."""
     return inflight.alive_at is not None and now - inflight.alive_at >= liveness_timeout_s
@@ -57,7 +65,7 @@ def _reclaim_draining(
             if shards is state.shards:
                 shards = dict(state.shards)
             if run_is_dead(inflight, now, liveness_timeout_s):
-                shards[shard_id] = handed_over(shard, None, inflight=None, backlog_since=None)
+                shards[shard_id] = handed_over(shard, None, **released_with_bounds(inflight))
             else:
                 shards[shard_id] = evolve(shard, inflight=evolve(inflight, orphaned_at=None))
     return shards
@@ -139,5 +147,5 @@ def expire_drains(
                 + "; range relaunched",
             )
         )
-        shards[shard_id] = handed_over(shard, None, inflight=None, backlog_since=None)
+        shards[shard_id] = handed_over(shard, None, **released_with_bounds(shard.inflight))
     return add_events(state.model_copy(update={"shards": shards}), *events)

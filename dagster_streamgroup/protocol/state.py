@@ -22,7 +22,8 @@ SCHEMA_VERSION = 4
 3: ``ShardState.last_commit_member``/``last_commit_epoch``, ``GroupState.dead_letters`` and
 ``GroupState.unrecorded_runs``; a version-2 state reads as one with none of them (a replayed commit of a range
 accepted before the upgrade is refused, not applied twice).
-4: ``InFlight.relaunches``/``not_before`` (launches that raised); a version-3 state reads as one with none."""
+4: ``InFlight.relaunches``/``not_before`` (launches that raised) and ``UnrecordedRun.orphaned_at``; a version-3
+state reads as one with none."""
 
 
 T = TypeVar("T")
@@ -141,6 +142,7 @@ class EventKind(StrEnum):
     OFFSETS_AHEAD = "offsets_ahead"
     CARRIED_OVER = "carried_over"
     LAUNCH_FAILING = "launch_failing"
+    UNRECORDED_DROPPED = "unrecorded_dropped"
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,9 @@ class UnrecordedRun:
     epoch: int
     ranges: tuple[tuple[str, int, int], ...]
     """``(shard, start, end)`` of every committed range of the run."""
+    orphaned_at: float | None = None
+    """When no live member of the run's deployment was left (its records can no longer be checked): the entry is
+    dropped, with an event naming its ranges, after ``drain_timeout_s``."""
 
 
 @dataclass(frozen=True)

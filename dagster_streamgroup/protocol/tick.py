@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dagster_streamgroup.protocol.assignment import rebalance
+from dagster_streamgroup.protocol.completion import settle_orphaned_unrecorded
 from dagster_streamgroup.protocol.membership import add_events, evict_stale, expire_drains, heartbeat
 from dagster_streamgroup.protocol.planning import Launch, Watermark, plan, sync_shards
 from dagster_streamgroup.protocol.policy import GroupPolicy
@@ -43,6 +44,7 @@ def membership_step(
     state = evict_stale(state, now, policy.session_timeout_s)
     state = heartbeat(state, member_id, now, policy.session_timeout_s)
     state = expire_drains(state, now, policy.drain_timeout_s, policy.session_timeout_s)
+    state = settle_orphaned_unrecorded(state, now, policy.drain_timeout_s)
     return rebalance(state, member_id, now, policy)
 
 

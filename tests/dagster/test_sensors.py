@@ -401,3 +401,44 @@ def test_a_launch_that_raised_is_relaunched_with_backoff_and_never_counts_as_an_
         assert member.commit_run([protocol.report_of(x) for x in inflight]).accepted
         done = member.load()
         assert done is not None and {s: done.shards[s].committed for s in shards} == {s: 51 for s in shards}
+
+
+def test_the_unrecorded_run_of_a_member_gone_for_good_is_repaired_by_another_member_of_its_deployment(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """Member 0 commits a run that dies before its materializations are recorded (simulated as in the test
+    above), then leaves for good (its sensor deleted: it never ticks again). Member 1 of the same deployment
+    sees the run's records, so it records the materializations (marked repaired, naming member 0) and the entry
+    goes."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 100)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    asset = counting_asset(group, [])
+    gone_sensor, heir_sensor = sensors_for(asset, members=2)
+    shards = [f"{topic}:0", f"{topic}:1"]
+    with dg.instance_for_test() as instance:
+        gone, heir = SensorDriver(gone_sensor, instance, resource), SensorDriver(heir_sensor, instance, resource)
+        request = gone.request()
+        assert request.tags is not None and ranges_of_request(request) == [(s, 0, 51) for s in shards]
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), shards)
+        member = resource.member(gone.member_id)
+        launches = protocol.inflight_launches(member.load() or protocol.new_group("x", group, 0), gone.member_id)
+        assert member.commit_run_state_only([protocol.report_of(x) for x in launches])[0].accepted
+        failed = {**request.tags, "dagster/run_key": request.run_key or ""}
+        create_run_for_test(instance, status=dg.DagsterRunStatus.FAILURE, tags=failed)
+        assert member.leave()
+
+        heir.tick()  # joins the group
+        result = heir.tick()
+        repaired = [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
+        assert sorted((e.partition, e.metadata["start"].value, e.metadata["end"].value) for e in repaired) == [
+            (s, 0, 51) for s in shards
+        ]
+        assert {(e.metadata["member"].value, e.metadata["repaired_by"].value) for e in repaired} == {
+            (gone.member_id, heir.member_id)
+        }
+        heir.tick()  # confirms what the previous tick recorded (its cursor says so)
+        state = resource.member(heir.member_id).load()
+        assert state is not None and request.run_key not in state.unrecorded_runs
+        assert not [e for e in heir.tick().asset_events if isinstance(e, dg.AssetMaterialization)], "recorded once"

@@ -24,10 +24,11 @@ from dagster_streamgroup.dagster import (
     member_sensors,
     ranges_of,
     stream_asset,
+    with_range_column,
 )
 from dagster_streamgroup.dagster.devserver import ROOT
 from jobs import settings
-from jobs.clickstream import EVENT_SCHEMA, page_views_per_minute, payload_column, with_range_column
+from jobs.clickstream import EVENT_SCHEMA, page_views_per_minute, payload_column
 from sensors.clickstream import clickstream_members
 
 if TYPE_CHECKING:

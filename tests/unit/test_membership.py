@@ -62,6 +62,7 @@ def test_drain_expiry_reassigns_and_fences_the_old_run() -> None:
     assert not outcome.accepted and outcome.refusal is protocol.Refusal.OWNERSHIP_MOVED
 
 
+
 def test_commit_of_a_draining_run_is_accepted_and_frees_the_shard() -> None:
     state = balanced_start(2, ("a", "b"))
     state, (launch,) = protocol.plan(state, "a", 5.0, marks(state), POLICY)
@@ -96,3 +97,22 @@ def _report(launch: protocol.Launch) -> protocol.RangeReport:
     from tests.unit.protocol_helpers import report
 
     return report(launch)
+
+
+def test_a_range_handed_over_keeps_its_bounds() -> None:
+    """After a drain expiry (or a run that stopped saying it is alive) the new owner reads exactly the range the
+    old run held first, whatever the backlog now: a zombie that still writes its output writes the same range's
+    output, which the relaunch replaces, never an overlapping one."""
+    state = balanced_start(2, ("a", "b"))
+    small = {sid: protocol.Watermark(low=0, high=30) for sid in state.shards}
+    state, launches = protocol.plan(state, "a", 5.0, small, POLICY)
+    (launch,) = launches
+    assert (launch.start, launch.end) == (0, 30)
+    state = protocol.heartbeat(state, "b", 40.0)
+    state = protocol.evict_stale(state, 40.0, POLICY.session_timeout_s)
+    expired = protocol.expire_drains(state, 100.0, POLICY.drain_timeout_s)
+    assert expired.shards[launch.shard].retry_end == 30 and expired.shards[launch.shard].attempt == 0
+    taken = protocol.rebalance(protocol.heartbeat(expired, "b", 101.0), "b", 101.0, POLICY)
+    grown = {sid: protocol.Watermark(low=0, high=100_000) for sid in taken.shards}
+    _, relaunched = protocol.plan(taken, "b", 101.0, grown, POLICY)
+    assert [(x.start, x.end, x.attempt) for x in relaunched if x.shard == launch.shard] == [(0, 30, 0)]

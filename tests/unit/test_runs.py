@@ -317,3 +317,28 @@ def test_what_waits_behind_a_members_runs_in_flight_and_which_of_them_still_hold
     assert outcome.accepted
     assert protocol.runs_still_inflight(committed, "a", [key]) == set()
     assert protocol.runs_still_inflight(None, "a", [key]) == set(), "no state: nothing in flight"
+
+
+def test_a_deployment_gone_longer_than_the_drain_timeout_loses_its_unrecorded_runs_with_an_event() -> None:
+    """Nobody is left who can see the runs' records: the entries are dropped (the offsets stay committed),
+    once the deployment has had no live member for ``drain_timeout_s``, naming the ranges."""
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20, drain_timeout_s=60)
+    state = balanced_start(1, ("a@one",), policy)
+    state, launches = protocol.plan(state, "a@one", 5.0, {"s0": Watermark(low=0, high=10)}, policy)
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted
+    key = launches[0].run_key
+    state = protocol.leave(state, "a@one", 6.0)
+    other = protocol.membership_step(state, "b@two", 10.0, policy)
+    assert other.unrecorded_runs[key].orphaned_at == 10.0, "another deployment cannot check it: marked"
+    assert protocol.unrecorded_in_charge(other, "b@two") == {}, "and does not adopt it"
+    kept = protocol.membership_step(other, "b@two", 69.0, policy)
+    assert key in kept.unrecorded_runs
+    dropped = protocol.membership_step(kept, "b@two", 71.0, policy)
+    assert key not in dropped.unrecorded_runs
+    event = dropped.events[-1]
+    assert event.kind == protocol.EventKind.UNRECORDED_DROPPED and "s0 [0, 10)" in event.detail
+
+    back = protocol.membership_step(other, "c@one", 30.0, policy)
+    assert back.unrecorded_runs[key].orphaned_at is None, "a member of its deployment is back: kept"
+    assert set(protocol.unrecorded_in_charge(back, "c@one")) == {key}
