@@ -3,7 +3,8 @@
 The session is built on first use, so sensors (which never read data) and runs that fail before reading do
 not pay a JVM start. A classic session listens on 127.0.0.1 only and runs its Python workers with this
 interpreter (PySpark would otherwise pick ``python3`` from PATH, without our packages). A Connect session
-(``remote="sc://host:port"``) gets only the user's ``spark_config``: the server owns master and workers.
+(``remote="sc://host:port"``) gets only the user's ``spark_config`` and the string redaction of secret options
+(``spark/redaction.py``): the server owns master and workers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dagster import EnvVar, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, model_validator
 
+from dagster_streamgroup.spark.redaction import with_string_redaction
 from dagster_streamgroup.spark.session import (
     connect_address,
     prepare_environment,
@@ -57,7 +59,7 @@ class StreamSparkResource(LazyPySparkResource):
 
     def effective_config(self) -> dict[str, Any]:
         if self.remote is not None:
-            return {**self.spark_config, "spark.remote": self.remote}
+            return {**with_string_redaction(dict(self.spark_config)), "spark.remote": self.remote}
         # On a cluster the driver's address is left to Spark: executors on other hosts must reach it.
         return session_conf(
             self.master, {"spark.sql.shuffle.partitions": "8", "spark.master": self.master, **self.spark_config}
@@ -72,7 +74,9 @@ class StreamSparkResource(LazyPySparkResource):
             if self.remote is not None:
                 wait_for_connect_server(self.remote, self.connect_timeout_s)
                 builder = builder.remote(self.remote)
-                config = dict(self.spark_config)
+                # The server shows each statement's plan (our sources' options included) in its UI and event
+                # log: the session's string redaction hides the secret options there (spark/redaction.py).
+                config = with_string_redaction(dict(self.spark_config))
             else:
                 config = self.effective_config()
             for key, value in config.items():

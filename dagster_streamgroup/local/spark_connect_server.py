@@ -24,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from dagster_streamgroup.spark.redaction import with_string_redaction
 from dagster_streamgroup.spark.session import LOCAL_CONF, with_arrow_java_options
 
 PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
@@ -51,7 +52,7 @@ def spark_conf(
     if local_dir:
         conf["spark.local.dir"] = local_dir
     conf.update(extra)
-    return with_arrow_java_options(conf)
+    return with_string_redaction(with_arrow_java_options(conf))
 
 
 def _parse_conf(items: Sequence[str]) -> dict[str, str]:

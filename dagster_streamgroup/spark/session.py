@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from dagster_streamgroup.spark.redaction import with_string_redaction
+
 DEFAULT_CONNECT_PORT = 15002
 LOCAL_CONF: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
@@ -51,7 +53,7 @@ def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str
     if not master.startswith("local"):
         for key in LOOPBACK_DRIVER:
             base.pop(key)
-    return with_arrow_java_options({**base, **(conf or {})})
+    return with_string_redaction(with_arrow_java_options({**base, **(conf or {})}))
 
 
 class SparkConnectUnavailableError(ConnectionError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import urllib.error
 import urllib.request
@@ -15,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 import psycopg
+import zstandard
 from dagster._core.instance.ref import InstanceRef
 from dagster._serdes import serialize_value
 from psycopg import sql
@@ -185,3 +187,47 @@ def sqlite_evidence(root: Path, evidence: Evidence) -> dict[str, int]:
                                     evidence.add(f"{path}: table {table} (decompressed)", zlib.decompress(value))
                                     counts["decompressed"] += 1
     return counts
+
+
+def spark_ui_evidence(ui: str, evidence: Evidence) -> dict[str, int]:
+    """What a Spark Connect server's UI shows (``ui``: ``http://host:port``): its Connect tab (each statement's
+    plan text, options included) and the pages it links, the SQL and job pages, and the REST API's
+    applications, jobs, stages (their descriptions are the statements) and SQL executions with plans."""
+
+    def get(path: str) -> str:
+        url = path if path.startswith("http") else f"{ui}{path}"
+        with urllib.request.urlopen(url.replace("&amp;", "&"), timeout=60) as response:
+            text: str = response.read().decode("utf-8", "replace")
+        evidence.add(f"spark ui: {path[:120]}", text)
+        return text
+
+    apps = json.loads(get("/api/v1/applications"))
+    pages = 0
+    for app in apps:
+        base = f"/api/v1/applications/{app['id']}"
+        for path in (f"{base}/jobs", f"{base}/stages?details=true", f"{base}/sql?details=true&planDescription=true",
+                     f"{base}/environment"):  # fmt: skip
+            get(path)
+            pages += 1
+    connect = get("/connect/")
+    for link in sorted(set(re.findall(r'href="(/connect/[^"#]*)', connect)))[:50]:
+        get(link)
+        pages += 1
+    for path in ("/jobs/", "/SQL/", "/stages/"):
+        get(path)
+        pages += 1
+    return {"applications": len(apps), "pages": pages + 2}
+
+
+def event_log_evidence(directory: Path, evidence: Evidence) -> int:
+    """Spark's event logs under ``directory``, decompressed (Spark 4 writes them zstd-compressed): every event
+    the server recorded, the statements' plans among them. A log still being written decompresses as far as
+    it goes."""
+    count = 0
+    for path in sorted(directory.rglob("events_*")):
+        data = path.read_bytes()
+        if path.suffix == ".zstd":
+            data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        evidence.add(f"spark event log: {path.name}", data)
+        count += 1
+    return count

@@ -49,7 +49,7 @@ from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
 from dagster_streamgroup.dagster.resources import release_cached_clients
 from dagster_streamgroup.dagster.tags import TAG_GROUP
 from dagster_streamgroup.local.dagster_storage import provision_database
-from dagster_streamgroup.local.kafka_broker import LocalKafka
+from dagster_streamgroup.local.kafka_broker import LocalKafka, free_port
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.spark_connect import ConnectServerSettings, running_connect_server
 from dagster_streamgroup.local.v3io.testing import V3ioServerProcess
@@ -59,8 +59,10 @@ from tests.e2e.scenario import committed_at_high, ended_runs
 from tests.secrets import definitions as location
 from tests.secrets.evidence import (
     database_evidence,
+    event_log_evidence,
     graphql_evidence,
     instance_evidence,
+    spark_ui_evidence,
     sqlite_evidence,
     state_evidence,
 )
@@ -401,8 +403,16 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         v3io_server = V3ioServerProcess(work_dir / "v3io-server", access_key=values["v3io_access_key"])
         info = v3io_server.start()
         stack.callback(v3io_server.stop)
+        # The Connect server with its UI and event log on, as an operator runs one: both show each statement's
+        # plan, the sources' options included (the session's string redaction must hide the secret ones).
+        spark_events, ui_port = work_dir / "spark-events", free_port()
+        spark_events.mkdir()
+        ui_and_log = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port), "spark.ui.host": "127.0.0.1",
+                 "spark.eventLog.enabled": "true", "spark.eventLog.dir": str(spark_events)}  # fmt: skip
         connect = stack.enter_context(
-            running_connect_server(settings=ConnectServerSettings(master="local[2]", driver_memory="1g"))
+            running_connect_server(
+                settings=ConnectServerSettings(master="local[2]", driver_memory="1g", conf=ui_and_log)
+            )
         )
 
         # Data on both streams before the deployment starts.
@@ -546,6 +556,8 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         # 5. Everything the deployment wrote and stored: logs (dagster dev, compute logs, the Spark Connect
         #    server's), Dagster's storages, the group states (PostgreSQL; the KV item next to the v3io stream),
         #    the output; searched while the Connect server's scratch directory still exists.
+        counts["spark connect ui"] = spark_ui_evidence(f"http://127.0.0.1:{ui_port}", evidence)
+        counts["spark event logs"] = event_log_evidence(spark_events, evidence)
         counts["event log storage"] = instance_evidence(home, evidence)
         counts["group state database"] = database_evidence(postgres_url, database.database, evidence)
         counts["sqlite"] = sqlite_evidence(home, evidence)
@@ -586,6 +598,12 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     shown = b"".join(evidence.texts.values())
     assert location.STORE_URL_ENV.encode() in shown  # the resources' configuration, from the decompressed snapshots
     assert location.COMPONENT_PASSWORD_ENV.encode() in shown  # the component's password: a variable's name only
+    # The Connect server's UI and event log hold the runs' statements (their options' names are there), and
+    # the secret ones redacted.
+    ui = b"".join(t for where, t in evidence.texts.items() if where.startswith("spark ui: /connect/"))
+    assert b"kafka.bootstrap.servers" in ui and b"redacted" in ui, counts["spark connect ui"]
+    spark_log = b"".join(t for where, t in evidence.texts.items() if where.startswith("spark event log"))
+    assert b"kafka.bootstrap.servers" in spark_log and b"redacted" in spark_log, counts["spark event logs"]
     assert b"password authentication failed" in shown
     assert b"All broker connections are down" in shown or b"Authentication failed" in shown
     assert cli["status"].returncode == 0 and group in cli["status"].stdout, cli["status"]
