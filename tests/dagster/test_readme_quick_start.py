@@ -4,6 +4,7 @@ two runs over the same shards leave both ranges' records, where output keyed by 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ PER_ROUND = 40_000
 def quick_start_code() -> str:
     section = README.read_text().split("\n## Quick start\n", 1)[1]
     return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def first_request(driver: SensorDriver, timeout_s: float = 30.0) -> dg.RunRequest:
+    """The member's first run request: a new member waits out its join grace (0.8 x the 5 s heartbeat) before it
+    claims shards, as the daemon's ticks would."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        requests = driver.requests()
+        if requests:
+            assert len(requests) == 1, [r.run_key for r in requests]
+            return requests[0]
+        time.sleep(1.0)
+    raise TimeoutError(f"no run request within {timeout_s:g} s")
 
 
 def test_the_readme_quick_start_runs_and_keeps_every_ranges_output(
@@ -54,7 +68,7 @@ def test_the_readme_quick_start_runs_and_keeps_every_ranges_output(
         ranges: list[tuple[str, int, int]] = []
         for _ in range(2):
             produce_sample(kafka_bootstrap, topic, 2, PER_ROUND)
-            request = driver.request()
+            request = first_request(driver)
             ranges += ranges_of_request(request)
             assert request.tags is not None
             result = dg.materialize(

@@ -30,25 +30,21 @@ from dagster_streamgroup.dagster.devserver import ROOT
 from jobs import settings
 from jobs.clickstream import EVENT_SCHEMA, page_views_per_minute, payload_column
 from sensors.clickstream import clickstream_members
+from tests.secrets.names import (
+    SASL_PASSWORD_FILE,
+    SASL_USERNAME,
+    SECRET_PATH_ENV,
+    SSL_CA_ENV,
+    STORE_URL_ENV,
+    V3IO_ASSET,
+    V3IO_KEY_ENV,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-SASL_USERNAME = "clickstream-svc"
-SASL_PASSWORD_FILE = "sasl-password"
-"""The password file's name inside the mounted secret directory."""
-SECRET_PATH_ENV = "CLICKSTREAM_SECRET_PATH"
-STORE_URL_ENV = "CLICKSTREAM_STORE_URL"
-SSL_CA_ENV = "CLICKSTREAM_SSL_CA"
-"""The CA that signed the broker's certificate: a path, not a secret."""
-V3IO_KEY_ENV = "V3IO_ACCESS_KEY"
 V3IO_GROUP = f"{settings.GROUP}_v3io"
-V3IO_ASSET = "page_views_per_minute_v3io"
 V3IO_OUTPUT = settings.OUTPUT / "v3io"
-COMPONENT_GROUP_ENV = "CLICKSTREAM_YAML_GROUP"
-COMPONENT_TOPIC_ENV = "CLICKSTREAM_YAML_TOPIC"
-COMPONENT_PASSWORD_ENV = "CLICKSTREAM_YAML_SASL_PASSWORD"
-COMPONENT_ASSET = "clicks_yaml"
 
 
 @stream_asset(group=V3IO_GROUP, name=V3IO_ASSET, resource_key="streamgroup_v3io", kinds={"spark", "v3io", "parquet"})
@@ -122,3 +118,4 @@ python_defs = dg.Definitions(
 
 component_defs = dg.load_defs(defs_root=importlib.import_module("tests.secrets.component_defs"), project_root=ROOT)
 defs = dg.Definitions.merge(python_defs, component_defs)
+del python_defs, component_defs  # Dagster loads a module with exactly one Definitions at module scope

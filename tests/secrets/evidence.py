@@ -4,6 +4,7 @@ the instance's own storages (what Dagster keeps), and from the group state's dat
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -221,13 +222,13 @@ def spark_ui_evidence(ui: str, evidence: Evidence) -> dict[str, int]:
 
 def event_log_evidence(directory: Path, evidence: Evidence) -> int:
     """Spark's event logs under ``directory``, decompressed (Spark 4 writes them zstd-compressed): every event
-    the server recorded, the statements' plans among them. A log still being written decompresses as far as
-    it goes."""
+    the server recorded, the statements' plans among them (one zstd frame per flush, all read)."""
     count = 0
     for path in sorted(directory.rglob("events_*")):
         data = path.read_bytes()
         if path.suffix == ".zstd":
-            data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as frames:
+                data = frames.read()
         evidence.add(f"spark event log: {path.name}", data)
         count += 1
     return count

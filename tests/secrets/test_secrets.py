@@ -56,7 +56,7 @@ from dagster_streamgroup.local.v3io.testing import V3ioServerProcess
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from jobs.clickstream_events import ensure_v3io_stream, produce_burst, produce_v3io_burst, producers, v3io_client
 from tests.e2e.scenario import committed_at_high, ended_runs
-from tests.secrets import definitions as location
+from tests.secrets import names as location
 from tests.secrets.evidence import (
     database_evidence,
     event_log_evidence,
@@ -557,7 +557,6 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         #    server's), Dagster's storages, the group states (PostgreSQL; the KV item next to the v3io stream),
         #    the output; searched while the Connect server's scratch directory still exists.
         counts["spark connect ui"] = spark_ui_evidence(f"http://127.0.0.1:{ui_port}", evidence)
-        counts["spark event logs"] = event_log_evidence(spark_events, evidence)
         counts["event log storage"] = instance_evidence(home, evidence)
         counts["group state database"] = database_evidence(postgres_url, database.database, evidence)
         counts["sqlite"] = sqlite_evidence(home, evidence)
@@ -587,11 +586,17 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         planted.add_tree(planted_home)
         planted_findings = find_secrets(planted, {"sasl_password": values["sasl_password"]})
 
+    # The Connect server's event log, complete once the server stopped (it compresses in blocks).
+    spark_log = Evidence()
+    counts["spark event logs"] = event_log_evidence(spark_events, spark_log)
+    spark_log_findings = find_secrets(spark_log, values)
+
     found_where = {(f.where, f.encoding) for f in planted_findings}
     assert ("event log storage: runs", "raw") in found_where, describe(planted_findings)
     assert any(f.where.endswith("runs.db") for f in planted_findings), describe(planted_findings)
 
     assert not findings, f"secrets found:\n{describe(findings)}"
+    assert not spark_log_findings, f"secrets found:\n{describe(spark_log_findings)}"
 
     # The error paths searched above were taken: the broker's refusal and the store's refusal are in the runs'
     # events, and each CLI command ended as it should.
@@ -602,8 +607,8 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     # the secret ones redacted.
     ui = b"".join(t for where, t in evidence.texts.items() if where.startswith("spark ui: /connect/"))
     assert b"kafka.bootstrap.servers" in ui and b"redacted" in ui, counts["spark connect ui"]
-    spark_log = b"".join(t for where, t in evidence.texts.items() if where.startswith("spark event log"))
-    assert b"kafka.bootstrap.servers" in spark_log and b"redacted" in spark_log, counts["spark event logs"]
+    events = b"".join(spark_log.texts.values())
+    assert b"kafka.bootstrap.servers" in events and b"redacted" in events, counts["spark event logs"]
     assert b"password authentication failed" in shown
     assert b"All broker connections are down" in shown or b"Authentication failed" in shown
     assert cli["status"].returncode == 0 and group in cli["status"].stdout, cli["status"]
