@@ -106,3 +106,17 @@ def counting_asset(
 
 def sensors_for(asset: dg.AssetsDefinition, members: int = 2) -> list[dg.SensorDefinition]:
     return member_sensors(asset, members=members, heartbeat_interval_s=1)
+
+
+def materialize_request(
+    asset: dg.AssetsDefinition, instance: dg.DagsterInstance, request: dg.RunRequest, resources: dict[str, Any]
+) -> dg.ExecuteInProcessResult:
+    """Run a member's run request in process, as the daemon would launch it (its config, tags and run key)."""
+    assert request.tags is not None
+    return dg.materialize(
+        [asset],
+        instance=instance,
+        run_config=request.run_config,
+        tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        resources=resources,
+    )

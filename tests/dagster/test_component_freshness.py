@@ -29,7 +29,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 
 from dagster_streamgroup.dagster import freshness_windows
 from dagster_streamgroup.local.kafka_data import produce_sample
-from tests.dagster.helpers import group_name
+from tests.dagster.helpers import group_name, materialize_request
 from tests.dagster.test_component_dg import DgProject, new_project
 from tests.fixtures.kafka import TopicFactory
 
@@ -139,15 +139,7 @@ def test_a_stopped_group_goes_warn_then_fail_in_dagsters_freshness(
         tick = sensor(dg.build_sensor_context(instance=instance, sensor_name=sensor.name, resources=member_resources))
         assert isinstance(tick, dg.SensorResult)
         [request] = tick.run_requests or []
-        assert request.tags is not None
-        result = dg.materialize(
-            [asset],
-            instance=instance,
-            run_config=request.run_config,
-            tags={**request.tags, "dagster/run_key": request.run_key or ""},
-            resources=resources,
-        )
-        assert result.success
+        assert materialize_request(asset, instance, request, resources).success
         latest = instance.get_latest_materialization_event(asset.key)
         assert latest is not None
         materialized_at = latest.timestamp

@@ -14,7 +14,7 @@ import pytest
 
 from dagster_streamgroup.dagster.devserver import ROOT
 from dagster_streamgroup.local.kafka_data import produce_sample
-from tests.dagster.helpers import SensorDriver, group_name, ranges_of_request
+from tests.dagster.helpers import SensorDriver, group_name, materialize_request, ranges_of_request
 from tests.fixtures.kafka import TopicFactory
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -70,15 +70,7 @@ def test_the_readme_quick_start_runs_and_keeps_every_ranges_output(
             produce_sample(kafka_bootstrap, topic, 2, PER_ROUND)
             request = first_request(driver)
             ranges += ranges_of_request(request)
-            assert request.tags is not None
-            result = dg.materialize(
-                [asset],
-                instance=instance,
-                run_config=request.run_config,
-                tags={**request.tags, "dagster/run_key": request.run_key or ""},
-                resources=resources,
-            )
-            assert result.success
+            assert materialize_request(asset, instance, request, resources).success
         state = resources["streamgroup"].member(driver.member_id).load()
         assert state is not None
 
