@@ -1,6 +1,7 @@
 """The README's quick start, as written: its code block runs against the local broker and local Spark (only the
-broker's address, the topic and the group name are swapped for the test's), and its output keeps every range:
-two runs over the same shards leave both ranges' records, where output keyed by shard would keep the last."""
+broker's address, the topic, the group name and the output folder are swapped for the test's), and its output
+keeps every range: two runs over the same shards leave both ranges' records, where output keyed by shard would
+keep the last."""
 
 from __future__ import annotations
 
@@ -47,14 +48,16 @@ def test_the_readme_quick_start_runs_and_keeps_every_ranges_output(
 ) -> None:
     topic, group = kafka_topics(partitions=2), group_name()
     code = quick_start_code()
-    for written in ('"127.0.0.1:9092"', 'topics=["clicks"]', 'group="clickstream"'):
+    output = tmp_path / "output" / "counts"
+    for written in ('"127.0.0.1:9092"', 'topics=["clicks"]', 'group="clickstream"', '"output/counts"'):
         assert written in code, f"the README's quick start no longer says {written}"
     code = (
         code.replace('"127.0.0.1:9092"', repr(kafka_bootstrap))
         .replace('topics=["clicks"]', f"topics=[{topic!r}]")
         .replace('group="clickstream"', f"group={group!r}")
+        .replace('"output/counts"', repr(str(output)))  # Spark resolves a relative path against its JVM's start
     )
-    monkeypatch.chdir(tmp_path)  # its output and its group state are relative to the working directory
+    monkeypatch.chdir(tmp_path)  # the group state's default store is relative to the working directory
     namespace: dict[str, Any] = {}
     exec(compile(code, str(README), "exec"), namespace)
     defs: dg.Definitions = namespace["defs"]
@@ -75,7 +78,7 @@ def test_the_readme_quick_start_runs_and_keeps_every_ranges_output(
         assert state is not None
 
     assert len(ranges) == 4 and len({(shard, start) for shard, start, _ in ranges}) == 4, ranges
-    table = pq.read_table(tmp_path / "output" / "counts")
+    table = pq.read_table(output)
     by_range: dict[str, int] = {}
     for key, count in zip(table.column("range").to_pylist(), table.column("count").to_pylist(), strict=True):
         by_range[str(key)] = by_range.get(str(key), 0) + int(count)
