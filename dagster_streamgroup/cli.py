@@ -277,7 +277,19 @@ def _timestamp_ms(value: str, option: str) -> int:
 @click.option("--to", "end", type=int, default=None, help="End offset (exclusive).")
 @click.option("--since", default=None, help="Start at the first record at/after this time (ISO 8601 or epoch ms).")
 @click.option("--until", default=None, help="End before the first record at/after this time.")
-@click.option("--chunk", type=int, default=None, help="Records per run (default: the group's max_records_per_run).")
+@click.option(
+    "--chunk",
+    type=int,
+    default=None,
+    help="Records per run where no committed range is (default: the group's max_records_per_run).",
+)
+@click.option(
+    "--align/--no-align",
+    default=True,
+    show_default=True,
+    help="One run per range the group committed, with its bounds (read from the webserver), so output keyed by "
+    "range is replaced; --no-align cuts [from, to) in --chunk pieces.",
+)
 @click.option("--dagster-url", default="http://127.0.0.1:3000", show_default=True, help="The Dagster webserver.")
 @click.option("--dry-run", is_flag=True, help="Print the ranges without launching.")
 def backfill(
@@ -289,12 +301,15 @@ def backfill(
     since: str | None,
     until: str | None,
     chunk: int | None,
+    align: bool,
     dagster_url: str,
     dry_run: bool,
 ) -> None:
     """Re-process offsets of one shard as a Dagster backfill (shown in the UI); committed offsets do not move."""
     from dagster_streamgroup.dagster.operator import (
+        DagsterGraphQL,
         OperatorError,
+        aligned_ranges,
         check_backfill_range,
         chunk_ranges,
         launch_backfill,
@@ -314,7 +329,23 @@ def backfill(
         assert start is not None and end is not None
         options = ("--since" if since is not None else "--from", "--until" if until is not None else "--to")
         check_backfill_range(handle, shard, start, end, options)
-        ranges = chunk_ranges(start, end, chunk if chunk is not None else handle.resource.max_records_per_run)
+        size = chunk if chunk is not None else handle.resource.max_records_per_run
+        ranges = chunk_ranges(start, end, size)
+        if align and len(handle.assets) == 1:
+            try:
+                committed = DagsterGraphQL(dagster_url).committed_ranges(handle.assets[0].key, shard)
+            except OperatorError as exc:
+                if not dry_run:
+                    raise
+                click.echo(f"not aligned with the committed ranges ({exc}); --chunk pieces:", err=True)
+            else:
+                ranges = aligned_ranges(start, end, committed, size)
+                if ranges[0][0] < start or ranges[-1][1] > end:
+                    click.echo(
+                        f"[{start}, {end}) cuts a committed range: the backfill covers "
+                        f"[{ranges[0][0]}, {ranges[-1][1]}), whole ranges",
+                        err=True,
+                    )
         if dry_run:
             for s, e in ranges:
                 click.echo(f"{shard} [{s}, {e})")

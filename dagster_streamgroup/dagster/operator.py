@@ -13,7 +13,7 @@ import runpy
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,29 @@ def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:
     return changed
 
 
+def aligned_ranges(start: int, end: int, committed: Iterable[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
+    """A backfill's runs over ``[start, end)``, one per range the group committed there, with its exact bounds:
+    output keyed by range (``with_range_column``) is then replaced, not written a second time under other keys.
+    A committed range that ``start`` or ``end`` cuts is taken whole (the backfill grows to its bounds); offsets no
+    committed range covers (before the group started, or whose materializations are gone) are cut in ``chunk``s."""
+    if start < 0 or end <= start:
+        raise OperatorError(f"--from/--to: need 0 <= from < to, got [{start}, {end})")
+    if chunk < 1:
+        raise OperatorError(f"--chunk: must be >= 1, got {chunk}")
+    out: list[tuple[int, int]] = []
+    position = start
+    for range_start, range_end in sorted(set(committed)):
+        if range_end <= position or range_start >= end or range_end <= range_start:
+            continue
+        if range_start > position:
+            out += chunk_ranges(position, range_start, chunk)
+        out.append((range_start, range_end))
+        position = range_end
+    if position < end:
+        out += chunk_ranges(position, end, chunk)
+    return out
+
+
 def chunk_ranges(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
     if start < 0 or end <= start:
         raise OperatorError(f"--from/--to: need 0 <= from < to, got [{start}, {end})")
@@ -188,6 +211,26 @@ class DagsterGraphQL:
             kind = data["addDynamicPartition"]["__typename"]
             if kind not in {"AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"}:
                 raise OperatorError(f"adding partition {key}: {data['addDynamicPartition'].get('message', kind)}")
+
+    def committed_ranges(self, asset_key: dg.AssetKey, shard: str) -> list[tuple[int, int]]:
+        """The ranges of ``shard`` its member runs committed, from the asset's materializations (their ``start`` and
+        ``end`` metadata; backfills' own materializations left out: they commit nothing)."""
+        data = self.execute(
+            """query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
+                 assetMaterializations(partitions: $p, limit: 1000000) { metadataEntries { label
+                   ... on IntMetadataEntry { intRepr } ... on BoolMetadataEntry { boolValue } } } } } }""",
+            {"k": {"path": asset_key.path}, "p": [shard]},
+        )
+        found = data["assetOrError"]
+        if found.get("__typename") != "Asset":
+            return []
+        ranges = []
+        for materialization in found["assetMaterializations"]:
+            entries = {e["label"]: e for e in materialization["metadataEntries"]}
+            if entries.get("backfill", {}).get("boolValue") or "start" not in entries or "end" not in entries:
+                continue
+            ranges.append((int(entries["start"]["intRepr"]), int(entries["end"]["intRepr"])))
+        return ranges
 
     def launch_backfill(self, asset_key: dg.AssetKey, keys: Sequence[str], tags: dict[str, str]) -> str:
         data = self.execute(

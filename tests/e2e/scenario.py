@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, V3ioStreamGroup
+from dagster_streamgroup.dagster.operator import aligned_ranges
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.v3io.testing import V3ioServerInfo
 from dagster_streamgroup.streams.base import Watermarks
@@ -330,6 +331,15 @@ def run_example_scenario(
             # 3. A backfill from the CLI: listed as Dagster backfills, re-processes, moves no offset.
             shard = sorted(marks)[0]
             first = marks[shard].low
+            # Aligned with the ranges the group committed there (the webserver's materializations), so the
+            # range-keyed output is replaced: no folder is added.
+            committed = [
+                (m["start"], m["end"])
+                for m in dev.materializations(ASSET)
+                if m["partition"] == shard and not m.get("backfill")
+            ]
+            expected = aligned_ranges(first, first + 1000, committed, 500)
+            folders_before = {p.name for p in output.iterdir()}
             command = [str(ROOT / ".venv/bin/streamgroup"), "backfill", "--group", group, "--shard", shard]
             cli = subprocess.run(
                 [*command, "--from", str(first), "--to", str(first + 1000), "--chunk", "500", "--dagster-url", dev.url],
@@ -342,11 +352,12 @@ def run_example_scenario(
             )
             assert cli.returncode == 0, cli.stderr + cli.stdout
             ids = set(backfill_ids(cli.stdout))
-            assert len(ids) == 2, cli.stdout
+            assert len(ids) == len(expected), (cli.stdout, expected)
 
             def backfill_done() -> list[dict[str, Any]] | None:
                 found = [r for r in dev.runs() if r["tags"].get("dagster/backfill") in ids]
-                done = len(found) == 2 and all(r["status"] in {"SUCCESS", "FAILURE", "CANCELED"} for r in found)
+                ended = {"SUCCESS", "FAILURE", "CANCELED"}
+                done = len(found) == len(expected) and all(r["status"] in ended for r in found)
                 return found if done else None
 
             backfill_runs = wait_for("the CLI backfill", backfill_done, drain_timeout_s, 2.0)
@@ -354,12 +365,11 @@ def run_example_scenario(
             assert {r["tags"]["streamgroup/shard"] for r in backfill_runs} == {shard}
             backfilled = [m for m in dev.materializations(ASSET) if m.get("backfill")]
             assert {m["partition"] for m in backfilled} == {shard}
-            assert sorted((m["start"], m["end"]) for m in backfilled) == [
-                (first, first + 500),
-                (first + 500, first + 1000),
-            ]
-            assert {m["records"] for m in backfilled} == {500}
+            assert sorted((m["start"], m["end"]) for m in backfilled) == expected
+            assert all(m["records"] == m["end"] - m["start"] for m in backfilled)
             assert_output_counts(output, backfilled)
+            if all(r in committed for r in expected):
+                assert {p.name for p in output.iterdir()} == folders_before, "a backfill replaces, adds no folder"
             assert committed_at_high(resource) == marks  # offsets did not move
 
         # 4. The daemon is killed mid-stream and started again.
