@@ -62,7 +62,6 @@ def test_drain_expiry_reassigns_and_fences_the_old_run() -> None:
     assert not outcome.accepted and outcome.refusal is protocol.Refusal.OWNERSHIP_MOVED
 
 
-
 def test_commit_of_a_draining_run_is_accepted_and_frees_the_shard() -> None:
     state = balanced_start(2, ("a", "b"))
     state, (launch,) = protocol.plan(state, "a", 5.0, marks(state), POLICY)
