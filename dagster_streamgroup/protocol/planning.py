@@ -207,9 +207,13 @@ def _shard_mode_end(candidate: _Ready, now: float, policy: GroupPolicy, shards: 
 def _member_mode_runs(
     ready: list[_Ready], now: float, policy: GroupPolicy, shards: dict[str, ShardState]
 ) -> list[list[tuple[_Ready, int]]]:
-    """Every retry alone, then one run over the fresh backlog of all ready shards once ``min_backlog`` records
-    wait in all or one shard's backlog has waited ``max_wait_s``; its budget is split by backlog."""
-    runs: list[list[tuple[_Ready, int]]] = [[(c, c.retry_end)] for c in ready if c.retry_end is not None]
+    """Every retry of a failed range alone, then one run over the ranges handed over with their bounds (at once:
+    they were launched before) and the fresh backlog of all ready shards once ``min_backlog`` records wait in all
+    or one shard's backlog has waited ``max_wait_s``; what the bounded ranges leave of its budget is split by
+    backlog."""
+    failed = [c for c in ready if c.retry_end is not None and c.shard.attempt > 0]
+    runs: list[list[tuple[_Ready, int]]] = [[(c, c.retry_end)] for c in failed if c.retry_end is not None]
+    bounded = [(c, c.retry_end) for c in ready if c.retry_end is not None and c.shard.attempt == 0]
     fresh = [c for c in ready if c.retry_end is None]
     waited = 0.0
     for candidate in fresh:
@@ -218,11 +222,13 @@ def _member_mode_runs(
             shards[candidate.shard_id] = evolve(shard, backlog_since=now)
         else:
             waited = max(waited, now - shard.backlog_since)
+    run = list(bounded)
     if fresh and (sum(c.backlog for c in fresh) >= policy.min_backlog or waited >= policy.max_wait_s):
-        shares = split_budget({c.shard_id: c.backlog for c in fresh}, policy.max_records_per_run)
-        run = [(c, c.start + shares[c.shard_id]) for c in fresh if shares[c.shard_id] > 0]
-        if run:
-            runs.append(run)
+        left = max(0, policy.max_records_per_run - sum(end - c.start for c, end in bounded))
+        shares = split_budget({c.shard_id: c.backlog for c in fresh}, left)
+        run += [(c, c.start + shares[c.shard_id]) for c in fresh if shares[c.shard_id] > 0]
+    if run:
+        runs.append(run)
     return runs
 
 
