@@ -556,25 +556,22 @@ def _unrecorded_commits(
 ) -> tuple[list[dg.AssetMaterialization], list[str], tuple[str, ...]]:
     """Materializations of ranges this member's runs committed and then died before Dagster recorded them
     (a run process killed between its commit and its events): the range is committed, so it is never run
-    again, and only its record is missing. Recorded once, from the group state, marked ``repaired``. The runs of
-    a member of this deployment that is gone for good (evicted, its sensor deleted) are this member's too when it
-    is in charge of them (``protocol.unrecorded_in_charge``).
+    again, and only its record is missing. Recorded once, from the group state, marked ``repaired``. Only the
+    launching member repairs: another member of its deployment would not see the repairs it recorded (they are
+    the sensor's events, not the run's), so both could record one range.
 
     Returns the repairs, the run keys to confirm recorded in this tick's state write (every range recorded by
     the run, or repaired by an earlier tick whose cursor Dagster kept), and the run keys repaired now: they are
     confirmed only next tick, once the cursor saying so is stored with the repairs."""
-    mine = protocol.unrecorded_in_charge(state, member_id)
+    mine = {key: u for key, u in state.unrecorded_runs.items() if u.member_id == member_id}
     if not mine:
         return [], [], ()
     by_dagster_key: dict[str, str] = {}
     for key, unrecorded in mine.items():
         by_dagster_key[key] = key
         by_dagster_key[f"{key}:e{unrecorded.epoch}"] = key  # single-range runs of state schema 2
-    launched_by = sorted({u.member_id for u in mine.values()})
     records = instance.get_run_records(
-        dg.RunsFilter(
-            tags={"dagster/run_key": sorted(by_dagster_key), sgt.TAG_MEMBER: launched_by}, statuses=list(ENDED)
-        )
+        dg.RunsFilter(tags={"dagster/run_key": sorted(by_dagster_key), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED))
     )
     repairs: list[dg.AssetMaterialization] = []
     confirmed: list[str] = []
@@ -611,8 +608,7 @@ def _unrecorded_commits(
                         "start": dg.MetadataValue.int(start),
                         "end": dg.MetadataValue.int(end),
                         "epoch": dg.MetadataValue.int(mine[key].epoch),
-                        "member": dg.MetadataValue.text(mine[key].member_id),
-                        "repaired_by": dg.MetadataValue.text(member_id),
+                        "member": dg.MetadataValue.text(member_id),
                         "committed": dg.MetadataValue.int(end),
                         "run_key": dg.MetadataValue.text(key),
                         "repaired": dg.MetadataValue.bool(True),

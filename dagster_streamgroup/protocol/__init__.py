@@ -28,7 +28,6 @@ from dagster_streamgroup.protocol.completion import (
     settle_orphaned_unrecorded,
     touch,
     unpark,
-    unrecorded_in_charge,
 )
 from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat, leave
 from dagster_streamgroup.protocol.planning import (
@@ -115,6 +114,5 @@ __all__ = [
     "sync_shards",
     "touch",
     "unpark",
-    "unrecorded_in_charge",
     "waiting_behind_inflight",
 ]

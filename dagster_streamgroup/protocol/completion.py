@@ -173,21 +173,6 @@ def deployment_of(member_id: str) -> str | None:
     return member_id.rsplit("@", 1)[1] if "@" in member_id else None
 
 
-def unrecorded_in_charge(state: GroupState, member_id: str) -> dict[str, UnrecordedRun]:
-    """The unrecorded runs ``member_id`` checks and repairs: its own, and those of members of its deployment that
-    are gone (evicted, left, deleted) when it is that deployment's first live member by id, so one member, not
-    every one, repairs each. A member id without a deployment (no instance to name it) adopts nothing."""
-    deployment = deployment_of(member_id)
-    live = sorted(m for m in state.members if deployment_of(m) == deployment)
-    heir = deployment is not None and bool(live) and live[0] == member_id
-    return {
-        key: u
-        for key, u in state.unrecorded_runs.items()
-        if u.member_id == member_id
-        or (heir and u.member_id not in state.members and deployment_of(u.member_id) == deployment)
-    }
-
-
 def settle_orphaned_unrecorded(state: GroupState, now: float, drain_timeout_s: float) -> GroupState:
     """Entries of a deployment with no live member: marked when first seen so, dropped with an event naming their
     ranges once that has lasted ``drain_timeout_s`` (nobody is left who can see whether Dagster recorded them);
@@ -224,10 +209,8 @@ def settle_orphaned_unrecorded(state: GroupState, now: float, drain_timeout_s: f
 
 def confirm_recorded(state: GroupState, member_id: str, run_keys: Collection[str]) -> GroupState:
     """``member_id`` has seen the runs of ``run_keys`` recorded in Dagster (by the runs, or by itself): their
-    entries go. Only a member of the launching deployment confirms (the launching member, or the one in charge
-    once it is gone: ``unrecorded_in_charge``), because only that deployment holds the runs' records."""
-    mine = unrecorded_in_charge(state, member_id)
-    gone = [k for k in run_keys if k in mine]
+    entries go. Only the launching member confirms, because only it knows which repairs it recorded."""
+    gone = [k for k in run_keys if (u := state.unrecorded_runs.get(k)) is not None and u.member_id == member_id]
     if not gone:
         return state
     kept = {k: u for k, u in state.unrecorded_runs.items() if k not in gone}
