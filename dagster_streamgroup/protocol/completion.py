@@ -16,7 +16,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from dagster_streamgroup.protocol.membership import add_events
+from dagster_streamgroup.protocol.membership import add_events, released_with_bounds
 from dagster_streamgroup.protocol.planning import Launch
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import (
@@ -406,8 +406,7 @@ def launch_failed(
         inflight = shard.inflight
         assert inflight is not None
         if shard.owner != report.member_id or shard.epoch != report.epoch or inflight.orphaned_at is not None:
-            released = evolve(shard, inflight=None, retry_end=inflight.end)
-            changed[report.shard] = _leave_if_departed(state, released)
+            changed[report.shard] = _leave_if_departed(state, evolve(shard, **released_with_bounds(inflight)))
             continue
         relaunch = evolve(inflight, run_key=new_key, relaunches=relaunches, not_before=now + backoff)
         changed[report.shard] = evolve(shard, inflight=relaunch)
