@@ -2,7 +2,8 @@
 # Installs everything the project needs on a fresh Debian machine with Python 3.11: uv (in .tools/),
 # the locked virtualenv (.venv/: the package with its extras [local] and [postgres] and the dev group, which
 # names them; PYTHON picks another supported interpreter, 3.11-3.14), Apache Kafka's broker and tools (jars from Maven Central, pinned by
-# kafka/pom.xml and checked against kafka/jars.sha256, in .tools/), and, when run as root, Java 17, Maven
+# kafka/pom.xml and checked against kafka/jars.sha256, in .tools/), Spark's own Kafka source for the
+# pinned Spark (spark_kafka/pom.xml, checked against spark_kafka/jars.sha256), and, when run as root, Java 17, Maven
 # and PostgreSQL from Debian's packages if they are missing. Safe to run again: each step is skipped when
 # already done (a second run fetches nothing).
 set -euo pipefail
@@ -62,6 +63,29 @@ if ! kafka_jars_ok; then
   rm -rf "$KAFKA_LIBS" && mv "$KAFKA_LIBS.partial" "$KAFKA_LIBS"
   if ! kafka_jars_ok; then
     echo "setup: Apache Kafka's jars in $KAFKA_LIBS do not match kafka/jars.sha256" >&2
+    exit 1
+  fi
+fi
+
+SPARK_VERSION=$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' spark_kafka/pom.xml)
+SPARK_KAFKA_JARS=".tools/spark-kafka-$SPARK_VERSION/jars"
+spark_kafka_jars_ok() {
+  [ -d "$SPARK_KAFKA_JARS" ] \
+    && (cd "$SPARK_KAFKA_JARS" && sha256sum --quiet --strict -c "$OLDPWD/spark_kafka/jars.sha256" >/dev/null 2>&1) \
+    && [ "$(find "$SPARK_KAFKA_JARS" -name '*.jar' | wc -l)" = "$(wc -l < spark_kafka/jars.sha256)" ]
+}
+if ! spark_kafka_jars_ok; then
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "setup: installing Maven (it fetches Spark's Kafka source)"
+    apt_install mvn maven
+  fi
+  echo "setup: fetching Spark $SPARK_VERSION's Kafka source (spark-sql-kafka-0-10) from Maven Central into $SPARK_KAFKA_JARS"
+  rm -rf "$SPARK_KAFKA_JARS.partial"
+  mvn -q -B -f spark_kafka/pom.xml -Dmaven.repo.local="$PWD/.tools/m2" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$PWD/$SPARK_KAFKA_JARS.partial"
+  rm -rf "$SPARK_KAFKA_JARS" && mv "$SPARK_KAFKA_JARS.partial" "$SPARK_KAFKA_JARS"
+  if ! spark_kafka_jars_ok; then
+    echo "setup: Spark's Kafka source jars in $SPARK_KAFKA_JARS do not match spark_kafka/jars.sha256" >&2
     exit 1
   fi
 fi

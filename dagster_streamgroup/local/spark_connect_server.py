@@ -24,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from dagster_streamgroup.spark.connector import with_spark_kafka_jars
 from dagster_streamgroup.spark.redaction import with_string_redaction
 from dagster_streamgroup.spark.session import LOCAL_CONF, with_arrow_java_options
 
@@ -37,7 +38,8 @@ def spark_conf(
     """The driver configuration: the local session defaults (loopback only, no UI, UTC, a few shuffle
     partitions: a run's Spark work gives the same results and task counts over Connect as in a local session),
     the Connect plugin, the isolation choice above, and Arrow Java's unchecked reads
-    (``with_arrow_java_options``). ``extra`` wins over these defaults."""
+    (``with_arrow_java_options``) and Spark's own Kafka source where it was fetched (``with_spark_kafka_jars``).
+    ``extra`` wins over these defaults."""
     conf = {
         **LOCAL_CONF,
         "spark.master": master,
@@ -52,7 +54,7 @@ def spark_conf(
     if local_dir:
         conf["spark.local.dir"] = local_dir
     conf.update(extra)
-    return with_string_redaction(with_arrow_java_options(conf))
+    return with_spark_kafka_jars(with_string_redaction(with_arrow_java_options(conf)))
 
 
 def _parse_conf(items: Sequence[str]) -> dict[str, str]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from dagster_streamgroup.spark.connector import with_spark_kafka_jars
 from dagster_streamgroup.spark.redaction import with_string_redaction
 
 DEFAULT_CONNECT_PORT = 15002
@@ -48,12 +49,13 @@ LOOPBACK_DRIVER = ("spark.driver.host", "spark.driver.bindAddress")
 
 def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The settings of a classic session: loopback only for a local master; on a cluster the driver must be
-    reachable from executors on other hosts, so its address is left to Spark (or the caller's ``conf``)."""
+    reachable from executors on other hosts, so its address is left to Spark (or the caller's ``conf``). Spark's
+    own Kafka source is on the classpath where the project fetched it (``with_spark_kafka_jars``)."""
     base = dict(LOCAL_CONF)
     if not master.startswith("local"):
         for key in LOOPBACK_DRIVER:
             base.pop(key)
-    return with_string_redaction(with_arrow_java_options({**base, **(conf or {})}))
+    return with_spark_kafka_jars(with_string_redaction(with_arrow_java_options({**base, **(conf or {})})))
 
 
 class SparkConnectUnavailableError(ConnectionError):
