@@ -293,6 +293,8 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
 
 
 _KAFKA_FIELDS = tuple(KafkaStreamConfig.model_fields)
+SPARK_READERS = ("auto", "spark-kafka", "python")
+SPARK_READER_DEFAULT = "python"
 _SECRET_FIELDS = frozenset({"sasl_password", "oauthbearer_client_secret", "ssl_key_password"})
 
 
@@ -325,9 +327,18 @@ class KafkaStreamGroup(StreamGroupResource):
         description="Take over a Kafka consumer group of the same name that another application owns (its "
         "consumers stopped): start from its offsets and advance them. Off: such a group is refused.",
     )
+    spark_reader: str = Field(
+        default=SPARK_READER_DEFAULT,
+        description="How a run reads its ranges: spark-kafka (Spark's own Kafka source, spark-sql-kafka-0-10, "
+        "on the session's classpath), python (the streamgroup-kafka Python data source, confluent-kafka in the "
+        "Spark tasks), or auto (spark-kafka where the connector is there and the settings translate to the Java "
+        "client, else python).",
+    )
 
     @model_validator(mode="after")
     def _check_kafka_fields(self) -> KafkaStreamGroup:
+        if self.spark_reader not in SPARK_READERS:
+            raise ValueError(f"spark_reader: must be one of {', '.join(SPARK_READERS)}, got {self.spark_reader!r}")
         deferred = [n for n in _KAFKA_FIELDS if n not in _SECRET_FIELDS and self._from_env_var(n)]
         if not deferred:  # otherwise validated when the EnvVar is resolved, in the tick or run
             self.stream_config()
@@ -343,10 +354,10 @@ class KafkaStreamGroup(StreamGroupResource):
         return _cached(_backends, config.model_dump_json(), repr(config.client_config()), lambda: KafkaBackend(config))
 
     def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
-        from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
+        from dagster_streamgroup.spark.kafka_read import read_kafka_ranges_by
 
-        return read_kafka_ranges(
-            spark, self.stream_config(), dict(ranges), max_records_per_partition=self.spark_split_records
+        return read_kafka_ranges_by(
+            self.spark_reader, spark, self.stream_config(), dict(ranges), split_records=self.spark_split_records
         )
 
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """The SASL_SSL listener of Apache Kafka (SCRAM-SHA-512, a CA made for the test session): member ticks and the
-Spark source read with the password from ``dagster.EnvVar``; a wrong password or an untrusted certificate fails a
+Spark read (through either reader: the Java client's SASL login and PEM trust store are translated from the
+stream's settings) with the password from ``dagster.EnvVar``; a wrong password or an untrusted certificate fails a
 tick and a run's read within the request timeout plus a few seconds, never a hang, with an error that names
 the field to check."""
 
@@ -48,14 +49,17 @@ def sasl_resource(broker: BrokerInfo, topic: str, tmp_path: Path, *, ca: Path | 
     )
 
 
+@pytest.mark.parametrize("reader", ["python", "spark-kafka"])
 def test_ticks_and_the_spark_source_read_through_sasl_ssl_with_the_password_from_an_env_var(
     kafka_broker: BrokerInfo, kafka_topics: TopicFactory, spark: SparkSession, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, reader: str,
 ) -> None:  # fmt: skip
     topic = kafka_topics(2)
     ends = produce_sample(kafka_broker.bootstrap, topic, 2, 1_000)
     monkeypatch.setenv(PASSWORD_ENV, SASL_PASSWORD)
-    resource = sasl_resource(kafka_broker, topic, tmp_path, ca=kafka_broker.ca_file).process_config_and_initialize()
+    resource = sasl_resource(
+        kafka_broker, topic, tmp_path, ca=kafka_broker.ca_file, spark_reader=reader
+    ).process_config_and_initialize()
     member = resource.member("m0")
     launches = member.tick().new_launches
     assert {x.shard: (x.start, x.end) for x in launches} == {f"{topic}:{p}": (0, e) for p, e in ends.items()}
