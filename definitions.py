@@ -34,6 +34,7 @@ def streamgroup_resource() -> StreamGroupResource:
         group=settings.GROUP,
         bootstrap_servers=settings.BOOTSTRAP,
         topics=[settings.TOPIC],
+        spark_reader=settings.SPARK_READER,
         store_url=dg.EnvVar(settings.STORE_URL_ENV) if settings.STORE_URL_SET else None,
         heartbeat_interval_s=settings.HEARTBEAT_S,
         session_timeout_s=settings.SESSION_TIMEOUT_S,

@@ -83,6 +83,8 @@ SPARK_REMOTE = os.environ.get("CLICKSTREAM_SPARK_REMOTE", "").strip() or None
 # Kafka
 BOOTSTRAP = _text("CLICKSTREAM_BOOTSTRAP", "127.0.0.1:9092")
 TOPIC = _text("CLICKSTREAM_TOPIC", "clicks")
+SPARK_READER = _choice("CLICKSTREAM_SPARK_READER", "python", ("auto", "spark-kafka", "python"))
+"""How the runs read their ranges (the Kafka group resource's ``spark_reader``)."""
 
 # v3io
 V3IO_API = _text("CLICKSTREAM_V3IO_API", "http://127.0.0.1:8081")

@@ -230,7 +230,10 @@ def test_a_commit_after_a_shard_moved_is_refused_whole_naming_the_new_owner(
 
 @pytest.mark.slow
 @pytest.mark.spark_connect
-def test_a_run_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
+@pytest.mark.parametrize("reader", ["python", "spark-kafka", "auto"])
+def test_a_run_over_spark_connect(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, reader: str
+) -> None:
     from pyspark.sql import SparkSession
 
     from dagster_streamgroup.local.spark_connect import running_connect_server
@@ -243,7 +246,7 @@ def test_a_run_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFacto
     topic = kafka_topics(partitions=2)
     produce_sample(kafka_bootstrap, topic, 2, 800)
     group = group_name()
-    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, spark_reader=reader)
     seen: list[tuple[str, int, int, int]] = []
     asset = counting_asset(group, seen)
     with running_connect_server() as server, dg.instance_for_test() as instance:
