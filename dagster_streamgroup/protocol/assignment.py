@@ -30,7 +30,9 @@ def is_assignable(state: GroupState, shard: ShardState) -> bool:
 def quotas(state: GroupState) -> dict[str, int]:
     """How many assignable shards each live member should own."""
     owned, free = _ownership(state)
-    return _quotas({mid: len(shard_ids) for mid, shard_ids in owned.items()}, len(free) + sum(map(len, owned.values())))
+    idle = {mid: sum(state.shards[s].inflight is None for s in shard_ids) for mid, shard_ids in owned.items()}
+    counts = {mid: len(shard_ids) for mid, shard_ids in owned.items()}
+    return _quotas(counts, len(free) + sum(counts.values()), idle)
 
 
 def _ownership(state: GroupState) -> tuple[dict[str, list[str]], list[str]]:
@@ -47,11 +49,16 @@ def _ownership(state: GroupState) -> tuple[dict[str, list[str]], list[str]]:
     return owned, free
 
 
-def _quotas(counts: dict[str, int], total: int) -> dict[str, int]:
+def _quotas(counts: dict[str, int], total: int, idle: dict[str, int] | None = None) -> dict[str, int]:
+    """``base`` shards each and one more for ``extra`` members: those that hold the most, and among equals those
+    with no idle shard first. A member whose shards are all in flight cannot give one up now, so the one asked
+    to is one that can: otherwise a member with a long run could hold the surplus while a member under quota
+    waits for it, and the group never balances while the others keep launching."""
     if not counts:
         return {}
     base, extra = divmod(total, len(counts))
-    ranked = sorted(counts, key=lambda mid: (-counts[mid], mid))
+    movable = idle or {}
+    ranked = sorted(counts, key=lambda mid: (-counts[mid], movable.get(mid, 0) > 0, mid))
     return {mid: base + (1 if rank < extra else 0) for rank, mid in enumerate(ranked)}
 
 
@@ -61,8 +68,9 @@ def rebalance(state: GroupState, member_id: str, now: float, policy: GroupPolicy
     if me is None or now - me.joined < policy.grace_s:
         return state
     owned, pool = _ownership(state)
+    idle = {mid: sum(state.shards[s].inflight is None for s in shard_ids) for mid, shard_ids in owned.items()}
     quota = _quotas(
-        {mid: len(shard_ids) for mid, shard_ids in owned.items()}, len(pool) + sum(map(len, owned.values()))
+        {mid: len(shard_ids) for mid, shard_ids in owned.items()}, len(pool) + sum(map(len, owned.values())), idle
     )
     for mid, shard_ids in owned.items():
         surplus = len(shard_ids) - quota[mid]

@@ -57,3 +57,19 @@ def test_departed_member_shards_with_nothing_in_flight_are_reassigned_in_the_evi
     state = protocol.heartbeat(protocol.heartbeat(state, "b", 30.0), "c", 30.0)
     state = protocol.membership_step(state, "b", 30.0, policy)
     assert len(owned(state, "b")) == 3 and len(owned(state, "c")) == 3
+
+
+def test_the_surplus_is_asked_of_a_member_that_can_give_it_not_of_one_whose_shards_are_all_in_flight() -> None:
+    """Seven shards: a and b hold three each, c one; one of a and b gives a shard to c. b's shards are all in
+    flight under a long run and a's are idle: a gives, so the group balances now instead of waiting for b's run
+    while a keeps launching (by id alone, b would be the one asked, and c would wait)."""
+    state = group(7, ("a", "b", "c"))
+    owners = {"s0": "a", "s1": "a", "s2": "a", "s3": "b", "s4": "b", "s5": "b", "s6": "c"}
+    shards = {sid: protocol.state.evolve(shard, owner=owners[sid]) for sid, shard in state.shards.items()}
+    state = state.model_copy(update={"shards": shards})
+    state, launches = protocol.plan(state, "b", 1.0, {s: marks(state)[s] for s in ("s3", "s4", "s5")}, POLICY)
+    assert {x.shard for x in launches} == {"s3", "s4", "s5"}
+    state = protocol.rebalance(state, "c", POLICY.grace_s, POLICY)
+    counts = {m: len(owned(state, m)) for m in ("a", "b", "c")}
+    assert counts == {"a": 2, "b": 3, "c": 2}, counts
+    assert protocol.quotas(state) == {"a": 2, "b": 3, "c": 2}
