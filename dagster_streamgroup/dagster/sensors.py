@@ -554,24 +554,26 @@ def _unrecorded_commits(
     member_id: str,
     repaired: tuple[str, ...],
 ) -> tuple[list[dg.AssetMaterialization], list[str], tuple[str, ...]]:
-    """Materializations of ranges this member's runs committed and then died before Dagster recorded them
-    (a run process killed between its commit and its events): the range is committed, so it is never run
-    again, and only its record is missing. Recorded once, from the group state, marked ``repaired``. Only the
-    launching member repairs: another member of its deployment would not see the repairs it recorded (they are
-    the sensor's events, not the run's), so both could record one range.
+    """Materializations of ranges that runs committed and then died before Dagster recorded them (a run process
+    killed between its commit and its events): the range is committed, so it is never run again, and only its
+    record is missing. Checked by the run's launching member, or by a stand-in of its deployment once that
+    member is gone for good (``protocol.checks_unrecorded``). A range counts as recorded when the run recorded
+    it or a materialization of the asset's partition names the run's key and the range's start (a repair, by
+    whichever member made it: the launching member may have recorded one before it was stopped); otherwise it
+    is recorded now, marked ``repaired``.
 
-    Returns the repairs, the run keys to confirm recorded in this tick's state write (every range recorded by
-    the run, or repaired by an earlier tick whose cursor Dagster kept), and the run keys repaired now: they are
-    confirmed only next tick, once the cursor saying so is stored with the repairs."""
-    mine = {key: u for key, u in state.unrecorded_runs.items() if u.member_id == member_id}
-    if not mine:
+    Returns the repairs, the run keys to confirm recorded in this tick's state write (every range recorded, or
+    repaired by an earlier tick whose cursor Dagster kept), and the run keys repaired now: they are confirmed
+    only once the repairs are seen stored (the cursor saying so, or the materializations themselves)."""
+    checked = {key: u for key, u in state.unrecorded_runs.items() if protocol.checks_unrecorded(state, member_id, u)}
+    if not checked:
         return [], [], ()
     by_dagster_key: dict[str, str] = {}
-    for key, unrecorded in mine.items():
+    for key, unrecorded in checked.items():
         by_dagster_key[key] = key
         by_dagster_key[f"{key}:e{unrecorded.epoch}"] = key  # single-range runs of state schema 2
     records = instance.get_run_records(
-        dg.RunsFilter(tags={"dagster/run_key": sorted(by_dagster_key), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED))
+        dg.RunsFilter(tags={"dagster/run_key": sorted(by_dagster_key)}, statuses=list(ENDED))
     )
     repairs: list[dg.AssetMaterialization] = []
     confirmed: list[str] = []
@@ -582,17 +584,25 @@ def _unrecorded_commits(
         if found is None or found in confirmed or found in repaired_now:
             continue
         key = found
+        entry = checked[key]
+        if run.tags.get(sgt.TAG_MEMBER) != entry.member_id:
+            continue
         if key in repaired:
             confirmed.append(key)
             continue
         recorded = {
-            entry.event_log_entry.dagster_event.partition
-            for entry in instance.get_records_for_run(
+            entry_record.event_log_entry.dagster_event.partition
+            for entry_record in instance.get_records_for_run(
                 run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
             ).records
-            if entry.event_log_entry.dagster_event is not None
+            if entry_record.event_log_entry.dagster_event is not None
         }
-        missing = [r for r in mine[key].ranges if r[0] not in recorded]
+        missing = [
+            r
+            for r in entry.ranges
+            if r[0] not in recorded
+            and not _materialized_for(instance, target.asset.key, key, r, since=record.create_timestamp.timestamp())
+        ]
         if not missing:
             confirmed.append(key)
             continue
@@ -607,11 +617,12 @@ def _unrecorded_commits(
                         "shard": dg.MetadataValue.text(shard),
                         "start": dg.MetadataValue.int(start),
                         "end": dg.MetadataValue.int(end),
-                        "epoch": dg.MetadataValue.int(mine[key].epoch),
-                        "member": dg.MetadataValue.text(member_id),
+                        "epoch": dg.MetadataValue.int(entry.epoch),
+                        "member": dg.MetadataValue.text(entry.member_id),
                         "committed": dg.MetadataValue.int(end),
                         "run_key": dg.MetadataValue.text(key),
                         "repaired": dg.MetadataValue.bool(True),
+                        "repaired_by": dg.MetadataValue.text(member_id),
                         "run_id": dg.MetadataValue.text(run.run_id),
                     },
                     description=f"committed by run {run.run_id}, which ended {run.status.value} before recording "
@@ -619,6 +630,33 @@ def _unrecorded_commits(
                 )
             )
     return repairs, confirmed, tuple(repaired_now)
+
+
+REPAIR_LOOKUP_PAGE = 100
+
+
+def _materialized_for(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, run_key: str, shard_range: tuple[str, int, int], since: float
+) -> bool:
+    """Whether a materialization of ``shard_range``'s partition since ``since`` (the run's creation) names
+    ``run_key`` and the range's start: the run's own, or a repair recorded by any member. Paged, newest first;
+    it runs only for the ranges of runs that died unrecorded."""
+    shard, start, _end = shard_range
+    records_filter = dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[shard], after_timestamp=since)
+    cursor: str | None = None
+    while True:
+        page = instance.fetch_materializations(records_filter, limit=REPAIR_LOOKUP_PAGE, cursor=cursor)
+        for event_record in page.records:
+            materialization = event_record.asset_materialization
+            if materialization is None:
+                continue
+            metadata = materialization.metadata
+            key, first = metadata.get("run_key"), metadata.get("start")
+            if key is not None and key.value == run_key and first is not None and first.value == start:
+                return True
+        if not page.has_more:
+            return False
+        cursor = page.cursor
 
 
 def _mirror_repaired(

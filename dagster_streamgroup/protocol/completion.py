@@ -207,10 +207,28 @@ def settle_orphaned_unrecorded(state: GroupState, now: float, drain_timeout_s: f
     return add_events(state.model_copy(update={"unrecorded_runs": kept}), *events)
 
 
+def checks_unrecorded(state: GroupState, member_id: str, entry: UnrecordedRun) -> bool:
+    """Whether ``member_id`` is the one to check ``entry``'s records (and repair the missing ones): its launching
+    member while that is a member of the group; once it is gone for good (evicted, its sensor deleted), the
+    first live member of the same deployment by id (members of a deployment share its Dagster instance, so it
+    sees the run's records and any repair recorded for it). One checker at a time, so a range is repaired once."""
+    if entry.member_id in state.members:
+        return entry.member_id == member_id
+    deployment = deployment_of(entry.member_id)
+    if deployment is None:  # a member id that names no deployment: nobody else can see its runs
+        return False
+    stand_ins = sorted(m for m in state.members if deployment_of(m) == deployment)
+    return bool(stand_ins) and stand_ins[0] == member_id
+
+
 def confirm_recorded(state: GroupState, member_id: str, run_keys: Collection[str]) -> GroupState:
-    """``member_id`` has seen the runs of ``run_keys`` recorded in Dagster (by the runs, or by itself): their
-    entries go. Only the launching member confirms, because only it knows which repairs it recorded."""
-    gone = [k for k in run_keys if (u := state.unrecorded_runs.get(k)) is not None and u.member_id == member_id]
+    """``member_id`` has seen the runs of ``run_keys`` recorded in Dagster (by the runs, or by a repair): their
+    entries go, where it is the one to check them (``checks_unrecorded``)."""
+    gone = [
+        k
+        for k in run_keys
+        if (u := state.unrecorded_runs.get(k)) is not None and checks_unrecorded(state, member_id, u)
+    ]
     if not gone:
         return state
     kept = {k: u for k, u in state.unrecorded_runs.items() if k not in gone}

@@ -296,6 +296,60 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         )
 
 
+@pytest.mark.parametrize("launcher_repaired_first", [False, True], ids=["never repaired", "repaired, not confirmed"])
+def test_a_member_gone_for_good_has_its_died_runs_recorded_once_by_a_member_of_its_deployment(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, launcher_repaired_first: bool
+) -> None:
+    """Members 2 -> 1: the run of m0 committed and died before its materialization, and m0 is never ticked again
+    (its sensor deleted). m1, of the same deployment, records the missing materialization, once, and the entry
+    goes; if m0 had recorded the repair itself before it went (but not yet confirmed it), m1 finds that repair
+    in the event log and records nothing more."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 100)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    asset = counting_asset(group, [])
+    first, second = sensors_for(asset, members=2)
+    shards = [f"{topic}:0", f"{topic}:1"]
+    with dg.instance_for_test() as instance:
+        launcher, stand_in = SensorDriver(first, instance, resource), SensorDriver(second, instance, resource)
+        request = launcher.request()
+        assert request.tags is not None
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), shards)
+        launches = resource.member(launcher.member_id).tick().inflight
+        committed, _ = resource.member(launcher.member_id).commit_run_state_only(
+            [protocol.report_of(x) for x in launches]
+        )
+        assert committed.accepted
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.FAILURE,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        )
+        recorded: list[dg.AssetMaterialization] = []
+        if launcher_repaired_first:
+            recorded = [e for e in launcher.tick().asset_events if isinstance(e, dg.AssetMaterialization)]
+            assert len(recorded) == len(launches)
+            for event in recorded:  # as the daemon stores a sensor's asset events
+                instance.report_runless_asset_event(event)
+        assert resource.member(launcher.member_id).leave()
+
+        for _ in range(3):
+            result = stand_in.tick()
+            repairs = [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
+            for event in repairs:
+                instance.report_runless_asset_event(event)
+            recorded += repairs
+        assert sorted((e.partition, e.metadata["start"].value) for e in recorded) == [(s, 0) for s in shards], (
+            "each range recorded exactly once"
+        )
+        by = {e.metadata["repaired_by"].value for e in recorded}
+        assert by == {launcher.member_id if launcher_repaired_first else stand_in.member_id}
+        assert all(e.metadata["member"].value == launcher.member_id for e in recorded)
+        state = resource.member(stand_in.member_id).load()
+        assert state is not None and state.unrecorded_runs == {}, "the entry goes once the records are seen"
+
+
 def test_a_session_timeout_shorter_than_two_daemon_ticks_fails_the_tick(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:

@@ -104,7 +104,7 @@ def test_a_run_commits_all_its_ranges_in_one_write_or_none() -> None:
         protocol.commit_run(state, [reports[0], reports[0]])
 
 
-def test_a_committed_run_stays_unrecorded_until_its_own_member_confirms_whatever_commits_follow() -> None:
+def test_a_committed_run_stays_unrecorded_until_its_member_confirms_whatever_commits_follow() -> None:
     """A run can die between its commit and Dagster's record of it, while its member is stopped and another
     member carries the shards on: the entry that lets the launching member record the range outlives later
     commits on the same shards, and only that member can clear it."""
@@ -132,7 +132,9 @@ def test_a_committed_run_stays_unrecorded_until_its_own_member_confirms_whatever
     assert outcome.accepted and state.shards["s0"].last_run_key == later[0].run_key
     assert state.unrecorded_runs[key].ranges == (("s0", 0, 10), ("s1", 0, 20)), "a's entry outlives b's commits"
 
-    assert protocol.confirm_recorded(state, "b", [key]) is state, "only the launching member confirms"
+    assert protocol.confirm_recorded(state, "b", [key]) is state, "b names no deployment: it cannot see a's runs"
+    assert protocol.confirm_recorded(state, "a", [key]) is state, "a left: it checks once it is a member again"
+    state = protocol.membership_step(state, "a", 7.0 + policy.grace_s, policy)
     confirmed = protocol.confirm_recorded(state, "a", [key, "no-such-run"])
     assert set(confirmed.unrecorded_runs) == {later[0].run_key}
     assert delta.apply(state, delta.diff(state, confirmed)) == confirmed
@@ -317,6 +319,28 @@ def test_what_waits_behind_a_members_runs_in_flight_and_which_of_them_still_hold
     assert outcome.accepted
     assert protocol.runs_still_inflight(committed, "a", [key]) == set()
     assert protocol.runs_still_inflight(None, "a", [key]) == set(), "no state: nothing in flight"
+
+
+def test_a_member_gone_for_good_has_its_unrecorded_runs_checked_by_one_member_of_its_deployment() -> None:
+    """The launching member is evicted and never comes back (members 3 -> 2): the first live member of its
+    deployment by id takes over checking its entries; a member of another deployment never does."""
+    policy = policy_with(heartbeat_interval_s=5, session_timeout_s=20)
+    state = balanced_start(1, ("a@one",), policy)
+    state, launches = protocol.plan(state, "a@one", 5.0, {"s0": Watermark(low=0, high=10)}, policy)
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted
+    key = launches[0].run_key
+    for member in ("c@one", "b@one", "z@two"):
+        state = protocol.membership_step(state, member, 6.0, policy)
+    entry = state.unrecorded_runs[key]
+    assert [m for m in sorted(state.members) if protocol.checks_unrecorded(state, m, entry)] == ["a@one"]
+    for member in ("c@one", "z@two", "b@one"):
+        state = protocol.membership_step(state, member, 6.0 + policy.session_timeout_s + 1, policy)
+    assert set(state.members) == {"b@one", "c@one", "z@two"}, "a@one evicted"
+    assert [m for m in sorted(state.members) if protocol.checks_unrecorded(state, m, entry)] == ["b@one"]
+    assert protocol.confirm_recorded(state, "c@one", [key]) is state
+    assert protocol.confirm_recorded(state, "z@two", [key]) is state
+    assert key not in protocol.confirm_recorded(state, "b@one", [key]).unrecorded_runs
 
 
 def test_a_deployment_gone_longer_than_the_drain_timeout_loses_its_unrecorded_runs_with_an_event() -> None:
