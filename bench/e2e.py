@@ -1,8 +1,10 @@
-"""The example end to end under ``dagster dev``: draining a backlog against one Spark job and a raw consumer.
+"""The example end to end under ``dagster dev``: draining a backlog against one Spark job, Spark Structured
+Streaming's own Kafka source (the peer users would pick instead of us) and a raw consumer.
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
 [--warmup-records 8000] [--spark connect|local] [--overhead-repeats 3] [--single-job-repeats 3]
-[--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped] [--timeout 1800]``
+[--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped] [--[no-]peer]
+[--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
@@ -31,23 +33,35 @@
    preload (before it) is not counted; a fork server started during the window (code changed, location
    reloaded) has its preload printed apart. ``spark_connect_server_cpu_s_per_run``: the Connect server's
    CPU over the window divided by the runs, a figure of its own (the work the runs send there);
-5. **the measure before**, for comparison (``--no-overlapped`` skips it): ``--records`` more events arrive
+5. **the peer** (``--no-peer`` skips it): Spark Structured Streaming's Kafka source running the example's
+   function (``bench.peer_spark_streaming``: ``foreachBatch`` over ``spark.readStream.format("kafka")``,
+   read_committed, a classic ``local[2]`` session in a process of its own, its own checkpoint and output)
+   drains the same standing-start backlog while the deployment is idle: after our drain, with the member
+   sensors stopped again (and started again for step 6 if it runs). It reads ``subscribe`` = the topic from
+   ``startingOffsets`` = each partition's offset before the backlog was produced, and nothing is produced to
+   the topic in between, so its AvailableNow query ends exactly at the backlog's end. It first drains a
+   warm-up topic of ``--warmup-records`` (its own checkpoint and output); ``peer_available_now_s`` runs from
+   the start of its timed query until that query has terminated (last batch written, offsets committed to
+   its checkpoint); ``ratio_peer_available_now = drain_s / peer_available_now_s``. One probe
+   (``probe_sink``) reads both sinks: the peer's views per partition must equal the backlog per partition,
+   and our deployment's (warm-up and backlog, from offset 0) the high watermarks (``sink_probe``);
+6. **the measure before**, for comparison (``--no-overlapped`` skips it): ``--records`` more events arrive
    with the sensors running, and ``drain_overlapped_s`` runs from the end of producing until the offsets
    reach the watermarks; ``first_run_overlapped_s`` is when its first run was created (negative: before
    producing ended, draining part of the backlog before that clock started);
-6. ``single_job_s``: the example's user function over the standing-start backlog's ranges (each shard's
+7. ``single_job_s``: the example's user function over the standing-start backlog's ranges (each shard's
    backlog as one range) in ONE warm session of the deployment's kind (``bench.single_job``: the example's
    own Spark resource, so a Connect session on the same server by default), best of
    ``--single-job-repeats`` after a warm-up call, with ``dagster dev`` stopped;
    ``ratio_single_job = drain_s / single_job_s`` (and ``ratio_single_job_overlapped`` with the measure before);
-7. ``connect_server_rss_mb_after_100_runs``: ``--memory-runs`` more runs of the ``per_run_overhead_s`` kind,
+8. ``connect_server_rss_mb_after_100_runs``: ``--memory-runs`` more runs of the ``per_run_overhead_s`` kind,
    one after another on the same Connect server, with the server tree's RSS sampled every 10
    (``connect_server_rss_mb_by_run``): its memory stays bounded over many runs;
-8. ``raw_consumer_s``: one confluent-kafka consumer reads the standing-start backlog (the project's range
+9. ``raw_consumer_s``: one confluent-kafka consumer reads the standing-start backlog (the project's range
    reader, in this process); ``ratio = drain_s / raw_consumer_s``.
 
-Targets are printed next to the figures, never asserted: ratio_single_job <= 2.0, runs <= 3 x members,
-launch_p50_s <= 1.0, run_cpu_s_outside_spark <= 0.5. The last line is one JSON object.
+Targets are printed next to the figures, never asserted: ratio_single_job <= 2.0, ratio_peer_available_now <= 1.2,
+runs <= 3 x members, launch_p50_s <= 1.0, run_cpu_s_outside_spark <= 0.5. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -71,15 +85,23 @@ import pyarrow as pa
 from bench import deployment, process_cpu
 from bench.deployment import ASSET, HEARTBEAT_S, Deployment, ExampleSettings, running_example
 from bench.figures import median_or_none, rounded, target_line
+from bench.peer_spark_streaming import (
+    PeerSpec,
+    backlog_by_shard,
+    probe_sink,
+    produce_clicks,
+    run_peer_in_subprocess,
+)
 from bench.single_job import single_job_seconds
 from bench.spark_overhead import consecutive_runs, mib, run_process
 from dagster_streamgroup.dagster.devserver import wait_for
+from dagster_streamgroup.dagster.resources import release_cached_clients
 from dagster_streamgroup.launcher.worker import WORKER_TAG, RunWorker
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import running_broker
-from dagster_streamgroup.local.kafka_data import create_topics
+from dagster_streamgroup.local.kafka_data import create_topics, delete_topics
 from dagster_streamgroup.spark.ranges import ShardRange
-from dagster_streamgroup.streams.kafka import PartitionRange, read_ranges
+from dagster_streamgroup.streams.kafka import PartitionRange, parse_shard, read_ranges
 from jobs.clickstream_events import produce_burst, producers
 
 SESSION_TIMEOUT_S = 300.0
@@ -333,6 +355,67 @@ def overlapped(args: argparse.Namespace, example: Deployment, produce: Callable[
     }
 
 
+def peer_while_idle(
+    args: argparse.Namespace,
+    example: Deployment,
+    bootstrap: str,
+    topic: str,
+    backlog: Backlog,
+    work: Path,
+    broker_pid: int | None,
+) -> dict[str, Any]:
+    """The peer over the standing-start backlog while the deployment is idle: the member sensors are stopped
+    again (the backlog's runs have ended), the peer's warm-up topic is produced, and the peer runs in a process
+    of its own from each partition's offset before the backlog (``startingOffsets``) to the topic's end, which is
+    the backlog's end: nothing is produced to the topic meanwhile, and that is checked. Then one probe reads
+    both sinks. The sensors start again when the measure before follows (``--overlapped``).
+
+    The members' session must outlast this pause too if the measure before follows, or it starts with a
+    rebalance; a warning says so."""
+    members, _, stopped_wall = stop_members(example, args.timeout)
+    if example.highs() != backlog.highs:
+        raise RuntimeError("the topic grew past the standing-start backlog: the peer would read other records")
+    warmup_topic = f"peer-warmup-{uuid.uuid4().hex[:8]}"
+    create_topics(bootstrap, {warmup_topic: args.partitions})
+    try:
+        produce_clicks(bootstrap, warmup_topic, args.partitions, args.warmup_records, seed=1)
+        starts = {parse_shard(shard)[1]: backlog.starts.get(shard, 0) for shard in backlog.highs}
+        spec = PeerSpec(
+            bootstrap=bootstrap,
+            topic=topic,
+            work=str(work / "peer"),
+            warmup_topic=warmup_topic,
+            starting_offsets=starts,
+            timeout_s=args.timeout,
+            broker_pid=broker_pid,
+        )
+        peer = run_peer_in_subprocess(spec)
+    finally:
+        delete_topics(bootstrap, [warmup_topic])
+    peer_probe = probe_sink(spec.output, backlog_by_shard(backlog.starts, backlog.highs))
+    ours_probe = probe_sink(example.env["CLICKSTREAM_OUTPUT"], backlog.highs)
+    print(f"sink probes: peer {peer_probe}; ours (warm-up and backlog) {ours_probe}", flush=True)
+    for side, probe in (("the peer's", peer_probe), ("our deployment's", ours_probe)):
+        if not probe["ok"]:
+            print(f"WARNING: {side} sink does not hold exactly the records it read: {probe}", flush=True)
+    if args.overlapped:
+        pause_s = time.time() - stopped_wall
+        if pause_s + 3 * HEARTBEAT_S > args.session_timeout:
+            print(f"WARNING: the peer's pause ({pause_s:.0f} s) is near or over the session timeout", flush=True)
+        example.start_sensors(members)
+        wait_for("the members to share the shards again", example.shared, args.timeout, 1.0)
+    return {
+        "peer_available_now_s": peer["peer_available_now_s"],
+        "peer_records": peer["records"],
+        "peer_records_per_s": peer["records_per_s"],
+        "peer_batches": peer["batches"],
+        "peer_cpu_s": peer["cpu_s"],
+        "peer_warmup_s": peer["warmup_s"],
+        "peer_session_s": peer["session_s"],
+        "sink_probe": {"peer": peer_probe, "ours": ours_probe},
+    }
+
+
 def materializations_of(example: Deployment, runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     ids = {run["runId"] for run in runs}
     done: dict[str, list[dict[str, Any]]] = {}
@@ -354,7 +437,8 @@ def drain(
     """The example deployment starts on an empty topic and its members share the shards (``startup_s``); a
     warm-up of ``--warmup-records`` is produced and drained (``warmup_s``: the first runs of a deployment also
     pay for the Spark server's JIT and code generation of these queries); then the backlog from a standing
-    start (``standing_start``) and, unless ``--no-overlapped``, the measure before (``overlapped``).
+    start (``standing_start``), unless ``--no-peer`` the peer over the same backlog (``peer_while_idle``) and,
+    unless ``--no-overlapped``, the measure before (``overlapped``).
 
     Returns the figures, the example's environment, and where the standing-start backlog starts and ends in
     each shard (the single job and the raw consumer read the same records)."""
@@ -383,6 +467,8 @@ def drain(
             "session_timeout_s": args.session_timeout,
             **backlog.figures,
         }
+        if args.peer:
+            figures.update(peer_while_idle(args, example, bootstrap, topic, backlog, work, cpu_roots.get("broker")))
         if args.overlapped:
             figures.update(overlapped(args, example, produce))
         env = example.env
@@ -427,6 +513,7 @@ def print_targets(result: dict[str, Any], members: int) -> None:
     print("targets (printed, not asserted):", flush=True)
     for line in (
         target_line("ratio_single_job", result.get("ratio_single_job"), 2.0),
+        target_line("ratio_peer_available_now", result.get("ratio_peer_available_now"), 1.2),
         target_line("runs", result["runs"], 3 * members),
         target_line("launch_p50_s", result["launch_p50_s"], 1.0),
         target_line("run_cpu_s_outside_spark", result["run_cpu_s_outside_spark"], 0.5),
@@ -467,6 +554,12 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also drain a second backlog the measure before did (sensors running while it arrives)",
+    )
+    parser.add_argument(
+        "--peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also drain the standing-start backlog with Spark Structured Streaming's Kafka source (AvailableNow)",
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
     args = parser.parse_args(argv)
@@ -525,8 +618,11 @@ def main(argv: list[str] | None = None) -> int:
         raw_s, records = raw_consumer_seconds(broker.bootstrap, topic, starts, highs)
         print(f"{records} backlog records; a raw consumer read them in {raw_s:.2f} s", flush=True)
         result.update(records=records, raw_consumer_s=round(raw_s, 3))
+        release_cached_clients()  # the deployment's cached stream client must not outlive the broker
     result["ratio"] = round(result["drain_s"] / result["raw_consumer_s"], 1)
     result["ratio_single_job"] = round(result["drain_s"] / result["single_job_s"], 2)
+    if result.get("peer_available_now_s"):
+        result["ratio_peer_available_now"] = round(result["drain_s"] / result["peer_available_now_s"], 2)
     if "drain_overlapped_s" in result:
         result["ratio_single_job_overlapped"] = round(result["drain_overlapped_s"] / result["single_job_s"], 2)
     print_targets(result, args.members)
