@@ -1,7 +1,8 @@
-"""Read throughput of exact Kafka offset ranges: raw confluent-kafka against the Spark range source, like with like.
+"""Read throughput of exact Kafka offset ranges: raw confluent-kafka and Spark's own Kafka source against the
+Spark range source, like with like.
 
     python -m bench.read_throughput [--records 2000000] [--partitions 8] [--value-size 100] [--parallelism 2]
-        [--rounds 5] [--warmup 3] [--variants raw,arrow,spark,parquet]
+        [--rounds 5] [--warmup 3] [--variants raw,arrow,spark,spark_kafka,parquet]
 
 Produces the records once (on the local broker, or on STREAMGROUP_KAFKA_BOOTSTRAP), then times each variant
 reading exactly them:
@@ -14,18 +15,30 @@ reading exactly them:
 - ``spark_local_1``, ``spark_local_N``: the ``streamgroup-kafka`` Spark source counting them in a session of
   ``local[1]`` (one task at a time) and ``local[N]`` (N tasks side by side), each session in a process of its
   own (one Spark context per process) whose whole tree (driver, JVM, Python workers) is measured from ``/proc``;
+- ``spark_kafka_local_1``, ``spark_kafka_local_N``: Spark's own Kafka source (``spark-sql-kafka-0-10``)
+  counting them as a batch read (``spark.read.format("kafka")``, ``assign`` of the topic, ``startingOffsets``
+  and ``endingOffsets`` the exact per-partition offsets, ``kafka.isolation.level=read_committed`` as ours reads,
+  ``includeHeaders=true`` as our schema has headers; ``spark_kafka_options``), in ``local[1]`` and ``local[N]``
+  sessions built like ours but in processes of their own, so that neither source's compiled code or heap is
+  shaped by the other's reads. Both sources plan one task per Kafka partition by default; ``--min-partitions``
+  and ``--max-records-per-partition`` set the options of the same names (and meaning) on both;
 - ``spark_parquet_local_N``: the source writing them as Parquet in the ``local[N]`` session.
 
 The comparison is like with like: ``ratio`` = ``spark_local_N`` / ``raw_N`` (records per second, equal
 parallelism), beside ``ratio_one_task`` (``spark_local_1`` / ``raw_1``), ``ratio_vs_arrow_readers``
 (``spark_local_N`` / ``arrow_N``) and, for continuity only, ``ratio_unequal`` (``spark_local_N`` / ``raw_1``:
-the comparison before, N Spark tasks against one consumer). Every variant is warmed before the rounds (Spark
-sessions by ``--warmup`` reads: the first reads of a session run while the JVM is still compiling its
-Arrow-to-row copy; raw readers by one read each), and each round rotates the order of the variants, so no
+the comparison before, N Spark tasks against one consumer). Against Spark's own source: ``ratio_spark_kafka`` =
+``spark_local_N`` / ``spark_kafka_local_N`` (equal parallelism; the goal is >= 0.9, printed as a target, never
+asserted), ``ratio_spark_kafka_one_task`` (the ``local[1]`` pair), ``round_ratios_spark_kafka`` and
+``cpu_ratio_spark_kafka`` (our sessions' CPU per record over theirs). Every variant is warmed before the rounds
+(Spark sessions by ``--warmup`` reads of their source: the first reads of a session run while the JVM is still
+compiling its row copy; raw readers by one read each), and each round rotates the order of the variants, so no
 variant always goes first after producing or right after a Spark job. ``cpu_s_per_million_records`` gives
 each variant's CPU beside its rate (the readers' processes, and the broker apart), and ``cpu_ratio`` the
 Spark/raw ratio of CPU per record at equal parallelism. Every variant must return exactly the produced
-records. The last line is one JSON object with the medians over the rounds.
+records in every reading (their count); each Spark session's source is also checked once, after its warm-up and
+off the clock, to return every produced offset of every partition exactly once (``offset_mismatches``). The
+last line is one JSON object with the medians over the rounds.
 """
 
 from __future__ import annotations
@@ -42,16 +55,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import SpawnProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import BrokerInfo, external_bootstrap, running_broker
 from dagster_streamgroup.local.kafka_data import create_topics, delete_topics, produce_sample
+from dagster_streamgroup.spark.connector import spark_kafka_jars
+
+if TYPE_CHECKING:  # pyspark is imported by the Spark session processes only
+    from pyspark.sql import DataFrame, SparkSession
 
 RAW_BATCH = 10_000
 COMMAND_TIMEOUT_S = 900.0
 """A reader process that has not answered a command within this long is killed: the run stays bounded."""
-FAMILIES = ("raw", "arrow", "spark", "parquet")
+FAMILIES = ("raw", "arrow", "spark", "spark_kafka", "parquet")
+SPARK_KAFKA_TARGET = 0.9
+"""The goal for ``ratio_spark_kafka``: our range read at least this fast as Spark's own Kafka source."""
 
 
 def raw_drain(bootstrap: str, topic: str, ends: Mapping[int, int], timeout_s: float = 120.0) -> int:
@@ -215,32 +234,110 @@ class RawReaders:
                 proc.kill()
 
 
-def _spark_main(conn: multiprocessing.connection.Connection, master: str, settings: dict[str, Any]) -> None:
-    """A Spark session of its own (one context per process): commands ``count``, ``parquet`` (write, timed)
-    and ``verify_parquet`` (count what was written, after the clock stopped); answers ``(records, seconds)``."""
-    from pyspark.sql import DataFrame
+def spark_kafka_options(
+    bootstrap: str,
+    topic: str,
+    ends: Mapping[int, int],
+    *,
+    min_partitions: int | None = None,
+    max_records_per_partition: int | None = None,
+) -> dict[str, str]:
+    """Options of Spark's own Kafka source for a batch read of exactly the produced records, offsets ``0`` to
+    ``end`` (exclusive) of every partition: ``assign`` (not ``subscribe``) so that the partitions read are the
+    ones named; ``read_committed`` because ours reads committed records only (Spark's default is
+    ``read_uncommitted``); headers because our schema has them. ``failOnDataLoss`` stays at its default (true):
+    a missing offset fails the read instead of shortening it."""
+    partitions = sorted(ends)
+    options = {
+        "kafka.bootstrap.servers": bootstrap,
+        "assign": json.dumps({topic: partitions}),
+        "startingOffsets": json.dumps({topic: {str(p): 0 for p in partitions}}),
+        "endingOffsets": json.dumps({topic: {str(p): ends[p] for p in partitions}}),
+        "kafka.isolation.level": "read_committed",
+        "includeHeaders": "true",
+    }
+    for name, value in (("minPartitions", min_partitions), ("maxRecordsPerPartition", max_records_per_partition)):
+        if value is not None:
+            options[name] = str(value)
+    return options
 
+
+OffsetSummary = tuple[int, int, int, int, int]
+"""One partition of a read: ``(partition, records, distinct offsets, first offset, last offset)``."""
+
+
+def offset_mismatches(found: Sequence[OffsetSummary], ends: Mapping[int, int]) -> list[str]:
+    """How a read's per-partition summary differs from the produced records (offsets ``0`` to ``end - 1`` of each
+    partition, each once): empty when it returned exactly them. A total count alone could hide one partition's
+    missing records behind another's duplicates."""
+    expected = {p: (end, end, 0, end - 1) for p, end in ends.items() if end > 0}
+    got = {row[0]: tuple(row[1:]) for row in found}
+    fields = "records, distinct offsets, first, last"
+    return [
+        f"partition {p}: expected ({fields}) {expected.get(p)}, got {got.get(p)}"
+        for p in sorted({*expected, *got})
+        if expected.get(p) != got.get(p)
+    ]
+
+
+def partition_offsets(df: DataFrame) -> list[OffsetSummary]:
+    """``offset_mismatches``'s input from a DataFrame of the Kafka schema (one Spark job, off the clock)."""
+    from pyspark.sql import functions as sf
+
+    rows = (
+        df.groupBy("partition")
+        .agg(sf.count("*"), sf.count_distinct("offset"), sf.min("offset"), sf.max("offset"))
+        .collect()
+    )
+    return [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows]
+
+
+SOURCE_COMMANDS = {"ours": ("count", "offsets"), "kafka": ("kafka_count", "kafka_offsets")}
+"""A session's counting command and its exactness check, by the source it reads."""
+
+
+def _spark_command(
+    spark: SparkSession, command: str, frames: Mapping[str, Callable[[], DataFrame]], out: str
+) -> int | list[OffsetSummary]:
+    """One command of a session: ``count``/``kafka_count`` (records read by our source / Spark's),
+    ``parquet`` (ours written, -1: counted by ``verify_parquet``, after the clock and the CPU reading),
+    ``offsets``/``kafka_offsets`` (``partition_offsets`` of either source)."""
+    for source, (count, offsets) in SOURCE_COMMANDS.items():
+        if command == count:
+            return int(frames[source]().count())
+        if command == offsets:
+            return partition_offsets(frames[source]())
+    if command == "parquet":
+        frames["ours"]().write.mode("overwrite").parquet(out)
+        return -1
+    if command == "verify_parquet":
+        return int(spark.read.parquet(out).count())
+    raise ValueError(f"unknown command {command!r}")
+
+
+def _spark_main(conn: multiprocessing.connection.Connection, master: str, settings: dict[str, Any]) -> None:
+    """A Spark session of its own (one context per process), built the same way whichever source it reads:
+    for each command (``_spark_command``) answers ``(result, seconds)``."""
     from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
     from dagster_streamgroup.spark.session import local_spark_session
     from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 
     started = time.perf_counter()
     conf = {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}  # no progress bars in the log
-    spark = local_spark_session(master=master, app_name=f"bench-read-throughput-{master}", conf=conf)
+    app_name = f"bench-read-throughput-{settings['source']}-{master}"
+    spark = local_spark_session(master=master, app_name=app_name, conf=conf)
     config = KafkaStreamConfig(bootstrap_servers=settings["bootstrap"], topics=[settings["topic"]])
     ranges = {f"{settings['topic']}:{p}": (0, end) for p, end in settings["ends"].items()}
-    out = settings["out"]
+    splits = {
+        "min_partitions": settings["min_partitions"],
+        "max_records_per_partition": settings["max_records_per_partition"],
+    }
+    kafka_options = spark_kafka_options(settings["bootstrap"], settings["topic"], settings["ends"], **splits)
+    frames: dict[str, Callable[[], DataFrame]] = {
+        "ours": lambda: read_kafka_ranges(spark, config, ranges, **splits),
+        "kafka": lambda: spark.read.format("kafka").options(**kafka_options).load(),
+    }
     conn.send(("ready", time.perf_counter() - started))
-
-    def df() -> DataFrame:
-        return read_kafka_ranges(
-            spark,
-            config,
-            ranges,
-            min_partitions=settings["min_partitions"],
-            max_records_per_partition=settings["max_records_per_partition"],
-        )
-
     try:
         while True:
             command = conn.recv()
@@ -248,16 +345,8 @@ def _spark_main(conn: multiprocessing.connection.Connection, master: str, settin
                 return
             try:
                 started = time.perf_counter()
-                if command == "count":
-                    records = int(df().count())
-                elif command == "parquet":
-                    df().write.mode("overwrite").parquet(out)
-                    records = -1  # counted by verify_parquet, after the clock and the CPU reading
-                elif command == "verify_parquet":
-                    records = int(spark.read.parquet(out).count())
-                else:
-                    raise ValueError(f"unknown command {command!r}")
-                conn.send((records, time.perf_counter() - started))
+                result = _spark_command(spark, command, frames, settings["out"])
+                conn.send((result, time.perf_counter() - started))
             except Exception as exc:  # reported to the parent, which raises it (as text: any exception pickles)
                 conn.send(RuntimeError(f"{type(exc).__name__}: {exc}"))
     finally:
@@ -274,16 +363,19 @@ def tree_cpu_by_part(root: int, parts: Callable[[int], str]) -> dict[str, float]
 
 
 class SparkSessionProcess:
-    """A ``local[k]`` session in a spawned process, measured as a whole: driver, JVM, Python workers."""
+    """A ``local[k]`` session in a spawned process, measured as a whole: driver, JVM, Python workers.
+    ``settings["source"]`` (``ours`` or ``kafka``) names the source its counting command reads."""
 
     def __init__(self, master: str, settings: dict[str, Any]) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.proc = context.Process(target=_spark_main, args=(child, master, settings), name=master, daemon=True)
+        self.label = f"{settings['source']} {master}"
+        self.proc = context.Process(target=_spark_main, args=(child, master, settings), name=self.label, daemon=True)
         self.proc.start()
         child.close()
         self.master = master
-        _, self.session_s = _answer(self.conn, self.proc, f"spark session {master}")
+        self.count_command, self.offsets_command = SOURCE_COMMANDS[settings["source"]]
+        _, self.session_s = _answer(self.conn, self.proc, f"spark session {self.label}")
 
     @property
     def pid(self) -> int:
@@ -299,10 +391,19 @@ class SparkSessionProcess:
     def cpu(self) -> dict[str, float]:
         return tree_cpu_by_part(self.pid, self.part_of)
 
-    def command(self, command: str) -> tuple[int, float]:
+    def ask(self, command: str) -> tuple[Any, float]:
         self.conn.send(command)
-        records, seconds = _answer(self.conn, self.proc, f"{self.master} {command}")
-        return int(records), float(seconds)
+        result, seconds = _answer(self.conn, self.proc, f"{self.label} {command}")
+        return result, float(seconds)
+
+    def command(self, command: str) -> tuple[int, float]:
+        records, seconds = self.ask(command)
+        return int(records), seconds
+
+    def offsets(self) -> list[OffsetSummary]:
+        """Its source's ``partition_offsets`` of the whole read."""
+        summary, _ = self.ask(self.offsets_command)
+        return list(summary)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -355,6 +456,20 @@ def per_million(values: Sequence[float], records: int) -> float:
     return round(statistics.median(values) * 1e6 / records, 2)
 
 
+def cpu_ratio_of(cpu_per_million: Mapping[str, Mapping[str, float]], a: str, b: str) -> float | None:
+    """``a``'s readers' CPU per record over ``b``'s, when both ran (and ``b`` spent any)."""
+    if a not in cpu_per_million or b not in cpu_per_million or cpu_per_million[b]["readers"] <= 0:
+        return None
+    return round(cpu_per_million[a]["readers"] / cpu_per_million[b]["readers"], 2)
+
+
+def round_ratios_of(rates: Mapping[str, Sequence[float]], a: str, b: str) -> list[float]:
+    """``a`` / ``b`` records/s round by round (both ran in every round): how far the rounds spread."""
+    if a not in rates or b not in rates:
+        return []
+    return [round(x / y, 3) for x, y in zip(rates[a], rates[b], strict=True)]
+
+
 def summarize(
     rates: Mapping[str, Sequence[float]], cpu: Mapping[str, Sequence[Mapping[str, float]]], records: int, n: int
 ) -> dict[str, Any]:
@@ -369,24 +484,20 @@ def summarize(
         for name, runs in cpu.items()
         if runs
     }
-    spark_n, raw_n = f"spark_local_{n}", f"raw_{n}"
-    cpu_ratio = None
-    if spark_n in cpu_per_million and raw_n in cpu_per_million and cpu_per_million[raw_n]["readers"] > 0:
-        cpu_ratio = round(cpu_per_million[spark_n]["readers"] / cpu_per_million[raw_n]["readers"], 2)
-    round_ratios = (
-        [round(s / r, 3) for s, r in zip(rates[spark_n], rates[raw_n], strict=True)]
-        if spark_n in rates and raw_n in rates
-        else []
-    )
+    spark_n, raw_n, kafka_n = f"spark_local_{n}", f"raw_{n}", f"spark_kafka_local_{n}"
     return {
         "records_per_s": {name: round(value) for name, value in medians.items()},
         "ratio": ratio(spark_n, raw_n),
         "ratio_one_task": ratio("spark_local_1", "raw_1"),
         "ratio_vs_arrow_readers": ratio(spark_n, f"arrow_{n}"),
         "ratio_unequal": ratio(spark_n, "raw_1"),
-        "round_ratios": round_ratios,
+        "round_ratios": round_ratios_of(rates, spark_n, raw_n),
+        "ratio_spark_kafka": ratio(spark_n, kafka_n),
+        "ratio_spark_kafka_one_task": ratio("spark_local_1", "spark_kafka_local_1"),
+        "round_ratios_spark_kafka": round_ratios_of(rates, spark_n, kafka_n),
         "cpu_s_per_million_records": cpu_per_million,
-        "cpu_ratio": cpu_ratio,
+        "cpu_ratio": cpu_ratio_of(cpu_per_million, spark_n, raw_n),
+        "cpu_ratio_spark_kafka": cpu_ratio_of(cpu_per_million, spark_n, kafka_n),
     }
 
 
@@ -436,19 +547,59 @@ def raw_variants(
 
 
 def spark_variants(
-    sessions: Mapping[int, SparkSessionProcess], families: set[str], n: int, broker_cpu: Callable[[], float]
+    sessions: Mapping[str, Mapping[int, SparkSessionProcess]],
+    families: set[str],
+    n: int,
+    broker_cpu: Callable[[], float],
 ) -> list[Variant]:
-    """``spark_local_1``/``spark_local_N`` (counting) and ``spark_parquet_local_N``."""
+    """``spark_local_1``/``spark_local_N`` (counting with our source), ``spark_kafka_local_1``/
+    ``spark_kafka_local_N`` (counting with Spark's, in sessions of their own) and ``spark_parquet_local_N``.
+    ``sessions`` is by source (``ours``, ``kafka``), then by ``k`` of ``local[k]``."""
     variants: list[Variant] = []
 
     def reading(session: SparkSessionProcess, command: str) -> Callable[[], Reading]:
         return lambda: spark_reading(session, command, broker_cpu)
 
-    if "spark" in families:
-        variants += [Variant(f"spark_local_{k}", reading(session, "count")) for k, session in sorted(sessions.items())]
+    for family, source, prefix in (("spark", "ours", "spark_local"), ("spark_kafka", "kafka", "spark_kafka_local")):
+        if family in families:
+            variants += [
+                Variant(f"{prefix}_{k}", reading(session, session.count_command))
+                for k, session in sorted(sessions[source].items())
+            ]
     if "parquet" in families:
-        variants.append(Variant(f"spark_parquet_local_{n}", reading(sessions[n], "parquet")))
+        variants.append(Variant(f"spark_parquet_local_{n}", reading(sessions["ours"][n], "parquet")))
     return variants
+
+
+def session_sizes(families: set[str], n: int) -> dict[str, list[int]]:
+    """The ``k`` of the ``local[k]`` sessions each source needs: both sizes to count, ``N`` only for Parquet."""
+    sizes: dict[str, list[int]] = {}
+    if "spark" in families:
+        sizes["ours"] = sorted({1, n})
+    elif "parquet" in families:
+        sizes["ours"] = [n]
+    if "spark_kafka" in families:
+        sizes["kafka"] = sorted({1, n})
+    return sizes
+
+
+def open_session(master: str, settings: dict[str, Any], warmup: int, ends: Mapping[int, int]) -> SparkSessionProcess:
+    """A session started, warmed by ``warmup`` reads of its source (the first reads of a session run while the JVM
+    still compiles its row copy), then checked once to return every produced offset exactly once, off the clock."""
+    session = SparkSessionProcess(master, settings)
+    print(f"spark session {session.label} in {session.session_s:.1f} s (its own process)", flush=True)
+    try:
+        for i in range(warmup):
+            records, secs = session.command(session.count_command)
+            print(f"warm-up {session.label} read {i + 1}: {records} records in {secs:.2f} s", flush=True)
+        mismatches = offset_mismatches(session.offsets(), ends)
+        if mismatches:
+            raise RuntimeError(f"{session.label} did not read exactly the produced records: {'; '.join(mismatches)}")
+        print(f"exact: {session.label} read every produced offset of the {len(ends)} partitions once", flush=True)
+    except BaseException:
+        session.close()
+        raise
+    return session
 
 
 def run_rounds(
@@ -485,13 +636,19 @@ def main(argv: list[str] | None = None) -> None:
         "--warmup", type=int, default=3, help="Spark reads per session before the rounds (the JVM compiles its copy)"
     )
     parser.add_argument("--variants", type=parse_families, default=FAMILIES, help="families to run, comma-separated")
-    parser.add_argument("--min-partitions", type=int, default=None, help="minPartitions of the Spark source")
-    parser.add_argument("--max-records-per-partition", type=int, default=None)
+    parser.add_argument(
+        "--min-partitions", type=int, default=None, help="minPartitions of both Spark sources (ours and Spark's)"
+    )
+    parser.add_argument(
+        "--max-records-per-partition", type=int, default=None, help="maxRecordsPerPartition of both Spark sources"
+    )
     args = parser.parse_args(argv)
     for name in ("records", "partitions", "parallelism", "rounds", "value_size", "warmup"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     n, families = args.parallelism, set(args.variants)
+    if "spark_kafka" in families and not spark_kafka_jars():
+        parser.error("spark_kafka: Spark's Kafka source jars are missing (bash scripts/setup.sh fetches them)")
 
     with broker() as (bootstrap, broker_pid), tempfile.TemporaryDirectory(prefix="bench-read-") as tmp:
         topic = f"bench-read-{time.time_ns()}"
@@ -518,8 +675,10 @@ def main(argv: list[str] | None = None) -> None:
                 readers = RawReaders(len(shares))
                 closers.append(readers.close)
                 variants += raw_variants(readers, families, ends, shares, n, (bootstrap, topic), broker_cpu)
-            if families & {"spark", "parquet"}:
+            sessions: dict[str, dict[int, SparkSessionProcess]] = {}
+            for source, sizes in session_sizes(families, n).items():
                 settings = {
+                    "source": source,
                     "bootstrap": bootstrap,
                     "topic": topic,
                     "ends": ends,
@@ -527,16 +686,11 @@ def main(argv: list[str] | None = None) -> None:
                     "min_partitions": args.min_partitions,
                     "max_records_per_partition": args.max_records_per_partition,
                 }
-                sessions: dict[int, SparkSessionProcess] = {}
-                for k in sorted({1, n}) if "spark" in families else [n]:
-                    sessions[k] = SparkSessionProcess(f"local[{k}]", settings)
-                    closers.append(sessions[k].close)
-                    print(f"spark session local[{k}] in {sessions[k].session_s:.1f} s (its own process)", flush=True)
-                for k, session in sessions.items():
-                    for i in range(args.warmup):
-                        records, secs = session.command("count")
-                        print(f"warm-up local[{k}] read {i + 1}: {records} records in {secs:.2f} s", flush=True)
-                variants += spark_variants(sessions, families, n, broker_cpu)
+                for k in sizes:
+                    session = open_session(f"local[{k}]", settings, args.warmup, ends)
+                    closers.append(session.close)
+                    sessions.setdefault(source, {})[k] = session
+            variants += spark_variants(sessions, families, n, broker_cpu)
             for variant in variants:  # every variant warm before the rounds, as it will be measured
                 print(f"warm-up {variant.name:>22}: {variant.read().seconds:6.2f} s", flush=True)
             rates, cpu = run_rounds(variants, args.rounds, total)
@@ -552,6 +706,13 @@ def main(argv: list[str] | None = None) -> None:
         f"CPU per record spark/raw: {figures['cpu_ratio']}",
         flush=True,
     )
+    if figures["ratio_spark_kafka"] is not None:
+        print(
+            f"spark local[{n}] ours / Spark's Kafka source (records/s): {figures['ratio_spark_kafka']} "
+            f"(target >= {SPARK_KAFKA_TARGET}), per round {figures['round_ratios_spark_kafka']}; local[1]: "
+            f"{figures['ratio_spark_kafka_one_task']}; CPU per record ours/theirs: {figures['cpu_ratio_spark_kafka']}",
+            flush=True,
+        )
     print(
         json.dumps(
             {"records": total, "partitions": args.partitions, "parallelism": n, "rounds": args.rounds, **figures}

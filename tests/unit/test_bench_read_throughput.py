@@ -1,13 +1,26 @@
 """The arithmetic of ``bench.read_throughput``: how partitions are dealt to reader processes, the order of the
-variants in each round, and the ratios at equal parallelism."""
+variants in each round, the ratios at equal parallelism, the options of Spark's own Kafka source for exactly the
+produced records, and the per-partition exactness check."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from bench.read_throughput import Reading, Variant, parse_families, rotated, split_partitions, summarize
+from bench.read_throughput import (
+    FAMILIES,
+    Reading,
+    Variant,
+    offset_mismatches,
+    parse_families,
+    rotated,
+    session_sizes,
+    spark_kafka_options,
+    split_partitions,
+    summarize,
+)
 
 
 def test_partitions_are_dealt_in_disjoint_sets_even_in_records() -> None:
@@ -69,14 +82,69 @@ def test_the_headline_ratio_compares_equal_parallelism_with_cpu_per_record_besid
     assert figures["records_per_s"]["raw_1"] == 1_000_000
 
 
+def test_against_sparks_kafka_source_the_ratios_pair_equal_parallelism() -> None:
+    rates = {
+        "spark_local_1": [400_000.0, 500_000.0, 450_000.0],
+        "spark_local_2": [800_000.0, 950_000.0, 900_000.0],
+        "spark_kafka_local_1": [500_000.0, 500_000.0, 600_000.0],
+        "spark_kafka_local_2": [1_000_000.0, 1_000_000.0, 900_000.0],
+    }
+    ours = {"readers": 3.0, "driver": 0.0, "jvm": 1.0, "python_workers": 2.0, "broker": 0.2}
+    theirs = {"readers": 2.0, "driver": 0.0, "jvm": 2.0, "python_workers": 0.0, "broker": 0.3}
+    cpu = {"spark_local_2": [ours] * 3, "spark_kafka_local_2": [theirs] * 3}
+    figures = summarize(rates, cpu, 1_000_000, 2)
+    assert figures["ratio_spark_kafka"] == pytest.approx(900_000 / 1_000_000, abs=1e-3)  # medians, local[2] both
+    assert figures["ratio_spark_kafka_one_task"] == pytest.approx(450_000 / 500_000, abs=1e-3)
+    assert figures["round_ratios_spark_kafka"] == pytest.approx([0.8, 0.95, 1.0], abs=1e-3)
+    assert figures["cpu_ratio_spark_kafka"] == 1.5  # our readers' CPU per record over theirs, the broker apart
+    assert figures["ratio"] is None and figures["cpu_ratio"] is None  # no raw readers ran
+
+
 def test_ratios_of_variants_not_run_are_none() -> None:
     figures = summarize({"raw_2": [1.0], "raw_1": [1.0]}, {"raw_2": [{"readers": 1.0}]}, 10, 2)
     assert figures["ratio"] is None and figures["ratio_one_task"] is None and figures["cpu_ratio"] is None
     assert figures["round_ratios"] == []
+    assert figures["ratio_spark_kafka"] is None and figures["ratio_spark_kafka_one_task"] is None
+    assert figures["cpu_ratio_spark_kafka"] is None and figures["round_ratios_spark_kafka"] == []
 
 
 def test_variant_families_option() -> None:
     assert parse_families("raw, spark") == ("raw", "spark")
-    for bad in ("", "raw,flink"):
+    assert parse_families("spark,spark_kafka") == ("spark", "spark_kafka")
+    assert "spark_kafka" in FAMILIES  # on by default
+    for bad in ("", "raw,flink", "kafka"):
         with pytest.raises(argparse.ArgumentTypeError, match="--variants"):
             parse_families(bad)
+
+
+def test_sparks_kafka_source_reads_the_exact_offsets_committed_with_headers() -> None:
+    options = spark_kafka_options("127.0.0.1:9092", "t", {1: 7, 0: 5})
+    assert options == {
+        "kafka.bootstrap.servers": "127.0.0.1:9092",
+        "assign": '{"t": [0, 1]}',
+        "startingOffsets": '{"t": {"0": 0, "1": 0}}',
+        "endingOffsets": '{"t": {"0": 5, "1": 7}}',
+        "kafka.isolation.level": "read_committed",
+        "includeHeaders": "true",
+    }
+    assert json.loads(options["endingOffsets"]) == {"t": {"0": 5, "1": 7}}
+    split = spark_kafka_options("b:1", "t", {0: 5}, min_partitions=4, max_records_per_partition=1000)
+    assert split["minPartitions"] == "4" and split["maxRecordsPerPartition"] == "1000"
+
+
+def test_offset_mismatches_name_each_partition_not_read_exactly() -> None:
+    ends = {0: 3, 1: 2, 2: 0}
+    assert offset_mismatches([(0, 3, 3, 0, 2), (1, 2, 2, 0, 1)], ends) == []  # the empty partition returns no row
+    duplicated = offset_mismatches([(0, 3, 2, 0, 2), (1, 2, 2, 0, 1)], ends)  # right count, an offset twice
+    assert len(duplicated) == 1 and duplicated[0].startswith("partition 0:")
+    missing = offset_mismatches([(0, 3, 3, 0, 2)], ends)
+    assert missing == ["partition 1: expected (records, distinct offsets, first, last) (2, 2, 0, 1), got None"]
+    extra = offset_mismatches([(0, 3, 3, 0, 2), (1, 2, 2, 0, 1), (2, 1, 1, 0, 0)], ends)
+    assert extra == ["partition 2: expected (records, distinct offsets, first, last) None, got (1, 1, 0, 0)"]
+
+
+def test_sessions_each_source_needs() -> None:
+    assert session_sizes({"spark", "spark_kafka", "parquet"}, 2) == {"ours": [1, 2], "kafka": [1, 2]}
+    assert session_sizes({"parquet"}, 2) == {"ours": [2]}
+    assert session_sizes({"spark_kafka"}, 1) == {"kafka": [1]}
+    assert session_sizes({"raw", "arrow"}, 2) == {}
