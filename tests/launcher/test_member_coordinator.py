@@ -118,6 +118,28 @@ def test_the_instance_concurrency_block_holds_member_runs(tmp_path: Path) -> Non
         limited.close()
 
 
+def test_a_member_run_whose_pool_has_no_free_slot_queues(tmp_path: Path) -> None:
+    """Pools blocking at run granularity (``concurrency: pools: granularity: run``): a member run whose op's pool
+    has its one slot taken by a run in progress queues, as the queue daemon would keep it."""
+    settings = {"concurrency": {"pools": {"granularity": "run"}, "runs": {"max_concurrent_runs": 5}}}
+    deployment = new_deployment(tmp_path, coordinator=PLAIN, extra=settings)
+    try:
+        deployment.instance.event_log_storage.set_concurrency_slots("streamgroup-test-pool", 1)
+        holding = deployment.launch("pooled_wait_job", member_tags(tmp_path / "release"))
+        assert deployment.run(holding).status != dg.DagsterRunStatus.QUEUED, "the pool's slot was free"
+        wait_until("the holding run's step to start", Path(f"{tmp_path / 'release'}.started").exists, 60)
+        blocked = deployment.launch("pooled_quick_job", {sgt.TAG_MEMBER: "reader@test"})
+        assert deployment.run(blocked).status == dg.DagsterRunStatus.QUEUED, "the pool's one slot is taken"
+        (tmp_path / "release").touch()
+        assert deployment.wait(holding, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+        deployment.instance.delete_run(blocked)  # no daemon here to launch it
+        free = deployment.launch("pooled_quick_job", {sgt.TAG_MEMBER: "reader@test"})
+        assert deployment.run(free).status != dg.DagsterRunStatus.QUEUED, "the slot is free again"
+        assert deployment.wait(free, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    finally:
+        deployment.close()
+
+
 def test_submissions_from_many_threads_never_exceed_a_limit_of_one(tmp_path: Path) -> None:
     """The sensor daemon submits from a pool of threads: the check and the launch are one step under the
     submission lock, so of eight member runs submitted at once exactly one starts and the others queue."""

@@ -190,10 +190,11 @@ def sqlite_evidence(root: Path, evidence: Evidence) -> dict[str, int]:
     return counts
 
 
-def spark_ui_evidence(ui: str, evidence: Evidence) -> dict[str, int]:
-    """What a Spark Connect server's UI shows (``ui``: ``http://host:port``): its Connect tab (each statement's
-    plan text, options included) and the pages it links, the SQL and job pages, and the REST API's
-    applications, jobs, stages (their descriptions are the statements) and SQL executions with plans."""
+def spark_ui_evidence(ui: str, evidence: Evidence, *, connect: bool = True) -> dict[str, int]:
+    """What a Spark application's UI shows (``ui``: ``http://host:port``): a Connect server's Connect tab (each
+    statement's plan text, options included) and the pages it links (``connect``), the SQL and job pages, and the
+    REST API's applications, jobs, stages (their descriptions are the statements), SQL executions with plans and
+    the environment."""
 
     def get(path: str) -> str:
         url = path if path.startswith("http") else f"{ui}{path}"
@@ -210,14 +211,16 @@ def spark_ui_evidence(ui: str, evidence: Evidence) -> dict[str, int]:
                      f"{base}/environment"):  # fmt: skip
             get(path)
             pages += 1
-    connect = get("/connect/")
-    for link in sorted(set(re.findall(r'href="(/connect/[^"#]*)', connect)))[:50]:
-        get(link)
+    if connect:
+        tab = get("/connect/")
+        for link in sorted(set(re.findall(r'href="(/connect/[^"#]*)', tab)))[:50]:
+            get(link)
+            pages += 1
         pages += 1
     for path in ("/jobs/", "/SQL/", "/stages/"):
         get(path)
         pages += 1
-    return {"applications": len(apps), "pages": pages + 2}
+    return {"applications": len(apps), "pages": pages + 1}
 
 
 def event_log_evidence(directory: Path, evidence: Evidence) -> int:

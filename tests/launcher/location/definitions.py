@@ -51,6 +51,10 @@ def quick() -> dg.MaterializeResult:
 @dg.asset
 def waits(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     """Runs until the file named by the run's ``release`` tag exists (tests use it to hold a run open)."""
+    return _wait_for_release(context)
+
+
+def _wait_for_release(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     release = Path(context.run.tags["release"])
     facts = _facts()
     Path(f"{release}.started").write_text(str(os.getpid()))
@@ -62,8 +66,27 @@ def waits(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=facts)
 
 
+TEST_POOL = "streamgroup-test-pool"
+
+
+@dg.asset(pool=TEST_POOL)
+def pooled_quick() -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata=_facts())
+
+
+@dg.asset(pool=TEST_POOL)
+def pooled_waits(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """``waits`` in the test pool: holds the pool's slot until released."""
+    return _wait_for_release(context)
+
+
 defs = dg.Definitions(
-    assets=[quick, waits],
-    jobs=[dg.define_asset_job("quick_job", [quick]), dg.define_asset_job("wait_job", [waits])],
+    assets=[quick, waits, pooled_quick, pooled_waits],
+    jobs=[
+        dg.define_asset_job("quick_job", [quick]),
+        dg.define_asset_job("wait_job", [waits]),
+        dg.define_asset_job("pooled_quick_job", [pooled_quick]),
+        dg.define_asset_job("pooled_wait_job", [pooled_waits]),
+    ],
     executor=dg.in_process_executor,
 )
