@@ -118,8 +118,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints). Like
+    Kafka's own ``Uuid.randomUuid``, never one that starts with ``-``: the storage tool's argument parser would
+    take it for an option (one id in 64 did, and the broker failed to format)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 LOG4J_CONFIG = """\
