@@ -29,6 +29,7 @@ from dagster_streamgroup.protocol import (
     RunCommitOutcome,
     Watermark,
 )
+from dagster_streamgroup.stores import pause_hook
 from dagster_streamgroup.stores.base import StateStore, state_key
 from dagster_streamgroup.streams.base import StreamBackend, StreamError
 
@@ -82,7 +83,11 @@ def update_state(
             final[0] = current
             return (result,)
         written = new_state.model_copy(update={"revision": new_state.revision + 1})
-        if not store.save_if(key, written, token):
+        held = pause_hook.hold(key, token)  # a test hook, off unless $STREAMGROUP_CHAOS_PAUSE_FILE is set
+        saved = store.save_if(key, written, token)
+        if held is not None:
+            pause_hook.report(held, key, token, saved)
+        if not saved:
             return _CONFLICT
         final[0] = written
         return (result,)

@@ -25,10 +25,15 @@ committed only if Dagster holds a materialization of it.
   drain resumes every parked shard, so a shard parked for no reason would otherwise go unnoticed.
 - ``reprocessed_records``: records the function saw in member runs beyond the first time (retries, refused
   zombies, runs killed before or after their commit), counted, not hidden.
+- ``refused_launch_parks`` (``refused_launch_parks``): parked or dead-lettered ranges whose reason blames a launch
+  that the launcher outage refused. A refused launch read nothing and is not an attempt; a range given up for it
+  is counted whether or not it also holds a poison record, which the park matching would otherwise accept.
 
-``failures`` turns the whole run's JSON line into the reasons it fails: any of the counts above, a fault that
-never landed, an error of the driver, a zombie whose commit was not refused, or Kafka's group offsets staying
-behind the state's longer than ``mirror_lag_bound_s`` plus its margin.
+``failures`` turns the whole run's JSON line into the reasons it fails: any of the counts above, committed runs
+whose records their members never confirmed (``unrecorded_runs_left``), a fault that never landed, an error of
+the driver, a zombie whose commit was not refused, Kafka's group offsets staying behind the state's longer than
+``mirror_lag_bound_s`` plus its margin, or the second group (``second_group``: its own verdict, by the same
+rules) failing any of the same counts or having consumed nothing.
 """
 
 from __future__ import annotations
@@ -280,6 +285,22 @@ def unexplained_parks(parks: Iterable[tuple[str, int, int]], poisoned: Iterable[
     ]
 
 
+def names_refused(reason: str, run_id: str, run_key: str | None) -> bool:
+    """Whether a park's reason (``run <key> failed N time(s); last error: ...``) blames a refused launch: its last
+    failure was that run, by its id (only the refusal of a run that never started can name it) or by its run key
+    (a relaunch has a key of its own, ``<key>:l<n>``)."""
+    return run_id in reason or (run_key is not None and f"run {run_key} failed" in reason)
+
+
+def refused_launch_parks(
+    reasons: Mapping[ShardSpan, str], refused: Iterable[tuple[str, str | None]]
+) -> list[ShardSpan]:
+    """Parked or dead-lettered ranges (with their reasons) that blame one of the ``refused`` launches (run id,
+    run key)."""
+    launches = list(refused)
+    return sorted(span for span, reason in reasons.items() if any(names_refused(reason, i, k) for i, k in launches))
+
+
 def verdict(
     produced: Mapping[str, Sequence[int]],
     lows: Mapping[str, int],
@@ -414,7 +435,7 @@ def _committing_record(
     return None
 
 
-REQUIRED = (
+GROUP_COUNTS = (
     "lost",
     "overlapping_commits",
     "duplicate_materializations",
@@ -423,6 +444,16 @@ REQUIRED = (
     "unacknowledged_seen",
     "unexplained_parks",
     "broker_lost_acknowledged",
+    "unrecorded_runs_left",
+)
+"""The counts judged for each group, the main one and ``second_group``: any non-zero is a violation."""
+
+COUNTS = (*GROUP_COUNTS, "refused_launch_parks")
+"""The counts of the run's JSON line judged at its top level."""
+
+REQUIRED = (
+    *COUNTS,
+    "second_group",
     "drain_s",
     "faults",
     "faults_missed",
@@ -437,9 +468,10 @@ REQUIRED = (
 
 def failures(result: Mapping[str, Any]) -> list[str]:
     """Every reason the chaos run fails, from its JSON line. A run passes only when this is empty: nothing lost,
-    overlapped, duplicated, gone back, committed unread or parked for no reason; every planned fault landed and
-    the driver met no error; every zombie's commit was refused; the backlog drained; Kafka's group offsets never
-    stayed behind the state's past their bound plus its margin."""
+    overlapped, duplicated, gone back, committed unread or parked for no reason (or for a refused launch), no
+    committed run left unconfirmed, in either group, the second one having consumed records; every planned fault
+    landed and the driver met no error; every zombie's commit was refused; the backlog drained; Kafka's group
+    offsets never stayed behind the state's past their bound plus its margin."""
     if result.get("error"):
         return [f"the run broke: {result['error']}"]
     missing = [name for name in REQUIRED if name not in result]
@@ -447,9 +479,17 @@ def failures(result: Mapping[str, Any]) -> list[str]:
         return [f"evidence missing from the result: {missing}"]
     out = [
         f"{name}: {result[name]}"
-        for name in REQUIRED[:8]
+        for name in COUNTS
         if result[name]  # counts: any non-zero is a violation
     ]
+    second: Mapping[str, Any] = result["second_group"]
+    missing = [name for name in (*GROUP_COUNTS, "messages") if name not in second]
+    if missing:
+        out.append(f"evidence of the second group missing: {missing}")
+    else:
+        out += [f"second_group {name}: {second[name]}" for name in GROUP_COUNTS if second[name]]
+        if not second["messages"]:
+            out.append("the second group was given no records: its check says nothing")
     if result["drain_s"] is None:
         out.append("the backlog did not drain in time")
     if result["faults_missed"]:

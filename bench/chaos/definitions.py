@@ -4,6 +4,10 @@ It is the example's shape (member sensors, a ``stream_asset``, Spark over the lo
 a topic of the chaos run, with the group state in PostgreSQL (``CHAOS_STORE_URL``, read as ``dg.EnvVar`` so
 its password never becomes a literal of the definitions). Settings come from ``CHAOS_*`` variables, which
 ``bench.chaos`` sets; a bad value stops the code location from loading with the variable's name.
+
+With ``CHAOS_SECOND_GROUP`` and ``CHAOS_SECOND_TOPIC`` the location also holds a second, small group (its own
+topic, asset, resource and member sensors) that consumes beside the main one for the whole run: two groups in
+one code location, sharing its daemon, its code server and the state store, each checked on its own.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from bench.chaos import recorder
-from bench.chaos.settings import ASSET, STORE_URL_ENV, settings_from_env
+from bench.chaos.settings import ASSET, SECOND_ASSET, SECOND_RESOURCE, STORE_URL_ENV, settings_from_env
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, member_sensors, ranges_of, stream_asset
 from dagster_streamgroup.dagster.assets import run_ranges_of
 
@@ -29,6 +33,13 @@ SETTINGS = settings_from_env()
 def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, Any]:
     """Records, per range, the offsets this run saw and their payloads' CRC-32 (so the check can tell a record
     from another one at the same offset); raises on poison records while the switch is on."""
+    return record_ranges(context, df, hold=True)
+
+
+def record_ranges(context: dg.AssetExecutionContext, df: DataFrame, *, hold: bool) -> dict[str, Any]:
+    """What both groups' functions do: record what the run saw, raise on poison while the switch is on, and,
+    with ``hold``, wait while the driver holds runs. Only the main group's runs are held: the faults that hold
+    a run judge it against the main group's state and member sensors."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     work = SETTINGS.work_dir
@@ -79,7 +90,7 @@ def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, 
     if raising:
         poisoned = ", ".join(f"{s} ({n})" for s, n in sorted(bad.items()) if n)
         raise ValueError(f"poison records in {poisoned} while {recorder.POISON_SWITCH} is on")
-    if not backfill:
+    if hold and not backfill:
         recorder.hold_if_asked(
             work,
             recorder.HeldRun(
@@ -93,30 +104,54 @@ def chaos_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, 
     return {"seen": sum(len(v) for v in seen.values())}
 
 
-defs = dg.Definitions(
-    assets=[chaos_ranges],
-    sensors=member_sensors(
-        chaos_ranges,
-        members=SETTINGS.members,
+def group_resource(group: str, topic: str, store_url: str | dg.EnvVar) -> KafkaStreamGroup:
+    """A group of the chaos deployment, with the chaos run's timing and retry policy."""
+    return KafkaStreamGroup(
+        group=group,
+        bootstrap_servers=SETTINGS.bootstrap,
+        topics=[topic],
+        store_url=store_url,
+        heartbeat_interval_s=SETTINGS.heartbeat_s,
+        session_timeout_s=SETTINGS.session_timeout_s,
+        drain_timeout_s=SETTINGS.drain_timeout_s,
+        max_records_per_run=SETTINGS.max_records_per_run,
+        min_backlog=SETTINGS.min_backlog,
+        max_wait_s=SETTINGS.max_wait_s,
+        max_attempts=SETTINGS.max_attempts,
+        after_max_attempts=SETTINGS.after_max_attempts,
+    )
+
+
+assets: list[dg.AssetsDefinition] = [chaos_ranges]
+sensors = member_sensors(
+    chaos_ranges,
+    members=SETTINGS.members,
+    heartbeat_interval_s=SETTINGS.heartbeat_s,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+)
+resources: dict[str, Any] = {
+    "streamgroup": group_resource(SETTINGS.group, SETTINGS.topic, dg.EnvVar(STORE_URL_ENV)),
+    "pyspark": StreamSparkResource(remote=SETTINGS.spark_remote),
+}
+
+if SETTINGS.second_group is not None and SETTINGS.second_topic is not None:
+    # The second group (``two_groups``): its own topic, group, asset and member sensors, in the same code
+    # location, under the same daemon and with the same state store as the main group.
+
+    @stream_asset(
+        group=SETTINGS.second_group, name=SECOND_ASSET, resource_key=SECOND_RESOURCE, kinds={"spark", "kafka"}
+    )
+    def chaos_second_ranges(context: dg.AssetExecutionContext, df: DataFrame) -> dict[str, Any]:
+        """The second group's function: records what it saw, as the main group's does."""
+        return record_ranges(context, df, hold=False)
+
+    assets.append(chaos_second_ranges)
+    sensors += member_sensors(
+        chaos_second_ranges,
+        members=SETTINGS.second_members,
         heartbeat_interval_s=SETTINGS.heartbeat_s,
         default_status=dg.DefaultSensorStatus.RUNNING,
-    ),
-    resources={
-        "streamgroup": KafkaStreamGroup(
-            group=SETTINGS.group,
-            bootstrap_servers=SETTINGS.bootstrap,
-            topics=[SETTINGS.topic],
-            store_url=dg.EnvVar(STORE_URL_ENV),
-            heartbeat_interval_s=SETTINGS.heartbeat_s,
-            session_timeout_s=SETTINGS.session_timeout_s,
-            drain_timeout_s=SETTINGS.drain_timeout_s,
-            max_records_per_run=SETTINGS.max_records_per_run,
-            min_backlog=SETTINGS.min_backlog,
-            max_wait_s=SETTINGS.max_wait_s,
-            max_attempts=SETTINGS.max_attempts,
-            after_max_attempts=SETTINGS.after_max_attempts,
-        ),
-        "pyspark": StreamSparkResource(remote=SETTINGS.spark_remote),
-    },
-    executor=dg.in_process_executor,
-)
+    )
+    resources[SECOND_RESOURCE] = group_resource(SETTINGS.second_group, SETTINGS.second_topic, dg.EnvVar(STORE_URL_ENV))
+
+defs = dg.Definitions(assets=assets, sensors=sensors, resources=resources, executor=dg.in_process_executor)

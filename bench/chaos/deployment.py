@@ -4,7 +4,13 @@ Apache Kafka (one KRaft node on a data directory) -> PostgreSQL (the group state
 ``dagster dev`` (daemon, webserver, code server) with ``bench/chaos/definitions.py``, the project's instance
 settings (``dagster.yaml``: queued runs, at most one run per shard) and the project's ``ForkServerRunLauncher``
 (run monitoring fails a run whose worker was SIGKILLed within seconds; Dagster's default launcher cannot tell,
-and a killed run would hold its ranges until ``max_runtime_seconds``).
+and a killed run would hold its ranges until ``max_runtime_seconds``), as ``bench.chaos.launcher``'s subclass
+whose launches raise while the ``launcher_outage`` fault's file exists.
+
+Two groups share the code location: the main one (``group_name`` on ``topic``) and a small second one
+(``second_group`` on ``second_topic``), each with its own member sensors and asset. Every process of ``dagster
+dev`` gets ``STREAMGROUP_CHAOS_PAUSE_FILE`` (``dagster_streamgroup.stores.pause_hook``), so the
+``store_writer_pause`` fault can hold one of their state writes between its load and its save.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]  # a dependency of dagster, without types in the lock
 
 from bench.chaos.services import RestartablePostgres, kill_group
-from bench.chaos.settings import ASSET, STORE_URL_ENV
+from bench.chaos.settings import ASSET, SECOND_ASSET, STORE_URL_ENV
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
 from dagster_streamgroup.dagster.sensors import member_sensor_names
@@ -30,6 +36,7 @@ from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import LocalKafka
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.spark_connect import ConnectServer, ConnectServerSettings, free_port
+from dagster_streamgroup.stores.pause_hook import PAUSE_FILE_ENV
 
 HERE = Path(__file__).resolve().parent
 WORKSPACE = HERE / "workspace.yaml"
@@ -51,12 +58,26 @@ class GroupSettings:
     max_wait_s: float = 5.0
     max_attempts: int = 2
     after_max_attempts: str = "park"
+    second_partitions: int = 3
+    """The second group's topic (``two_groups``): a few partitions, fewer members than the main group."""
+    second_members: int = 2
 
 
-def instance_yaml() -> str:
-    """The project's instance settings with the fork-server run launcher and a faster monitoring poll."""
+SENSOR_WORKERS = 8
+"""The sensor daemon's threads: more than the code location's member sensors (both groups'), so members may
+wait in their tick for a run to end (``tick_wait_s``) as they do with one group and the project's 4."""
+
+
+def instance_yaml(outage_file: Path) -> str:
+    """The project's instance settings with the fork-server run launcher (as the chaos subclass that refuses
+    launches while ``outage_file`` exists), a faster monitoring poll and a sensor thread for every member."""
     settings: dict[str, Any] = yaml.safe_load((ROOT / "dagster.yaml").read_text())
-    settings["run_launcher"] = {"module": "dagster_streamgroup.launcher", "class": "ForkServerRunLauncher"}
+    settings["run_launcher"] = {
+        "module": "bench.chaos.launcher",
+        "class": "OutageRunLauncher",
+        "config": {"outage_file": str(outage_file)},
+    }
+    settings["sensors"] = {**(settings.get("sensors") or {}), "use_threads": True, "num_workers": SENSOR_WORKERS}
     settings["run_monitoring"] = {
         "enabled": True,
         "poll_interval_seconds": 2,
@@ -72,6 +93,8 @@ class ChaosDeployment:
     group: GroupSettings
     topic: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}")
     group_name: str = field(default_factory=lambda: f"chaos_{uuid.uuid4().hex[:8]}")
+    second_topic: str = field(default_factory=lambda: f"chaos-second-{uuid.uuid4().hex[:8]}")
+    second_group: str = field(default_factory=lambda: f"chaos_second_{uuid.uuid4().hex[:8]}")
     broker: LocalKafka = field(init=False)
     postgres: RestartablePostgres = field(init=False)
     connect: ConnectServer = field(init=False)
@@ -81,6 +104,9 @@ class ChaosDeployment:
     def __post_init__(self) -> None:
         self.records_dir = self.work / "function"
         self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.faults_dir = self.work / "faults"
+        """Where the faults' switches live: the launcher's outage file, the store writers' pause file."""
+        self.faults_dir.mkdir(exist_ok=True)
         self.broker = LocalKafka(self.work / "kafka", fast_housekeeping=False)
         self.postgres = RestartablePostgres()
         connect_scratch = self.work / "spark-connect"
@@ -95,12 +121,24 @@ class ChaosDeployment:
 
     def start(self) -> None:
         self.broker.start()
-        create_topics(self.broker.bootstrap, {self.topic: self.group.partitions})
+        create_topics(
+            self.broker.bootstrap, {self.topic: self.group.partitions, self.second_topic: self.group.second_partitions}
+        )
         self.postgres.init()
         self.connect.start()
         self.dev = DagsterDev(self.work / "home", self.env(), self.work / "dagster-dev.log", workspace=WORKSPACE)
-        (self.work / "home" / "dagster.yaml").write_text(instance_yaml())
+        (self.work / "home" / "dagster.yaml").write_text(instance_yaml(self.outage_file))
         self.dev.start()
+
+    @property
+    def outage_file(self) -> Path:
+        """While it exists, every launch raises (``bench.chaos.launcher``)."""
+        return self.faults_dir / "launcher-outage"
+
+    @property
+    def pause_file(self) -> Path:
+        """While it exists, the first state write to claim it is held (``stores.pause_hook``)."""
+        return self.faults_dir / "store-pause"
 
     def env(self) -> dict[str, str]:
         g = self.group
@@ -119,17 +157,22 @@ class ChaosDeployment:
             "CHAOS_MAX_WAIT_S": f"{g.max_wait_s:g}",
             "CHAOS_MAX_ATTEMPTS": str(g.max_attempts),
             "CHAOS_AFTER_MAX_ATTEMPTS": g.after_max_attempts,
+            "CHAOS_SECOND_TOPIC": self.second_topic,
+            "CHAOS_SECOND_GROUP": self.second_group,
+            "CHAOS_SECOND_MEMBERS": str(g.second_members),
+            PAUSE_FILE_ENV: str(self.pause_file),
             STORE_URL_ENV: self.postgres.url,
             "PYTHONPATH": str(ROOT),
         }
 
-    def resource(self) -> KafkaStreamGroup:
-        """The group resource as the deployment has it, for the checks made from outside (state, offsets)."""
+    def resource(self, second: bool = False) -> KafkaStreamGroup:
+        """A group's resource as the deployment has it (the main group's, or with ``second`` the second group's),
+        for the checks made from outside (state, offsets)."""
         g = self.group
         return KafkaStreamGroup(
-            group=self.group_name,
+            group=self.second_group if second else self.group_name,
             bootstrap_servers=self.broker.bootstrap,
-            topics=[self.topic],
+            topics=[self.second_topic if second else self.topic],
             store_url=self.postgres.url,
             heartbeat_interval_s=g.heartbeat_s,
             session_timeout_s=g.session_timeout_s,
@@ -139,7 +182,13 @@ class ChaosDeployment:
         )
 
     def sensors(self) -> list[str]:
+        """The main group's member sensors (the faults on sensors act on these)."""
         return member_sensor_names(self.group_name, self.group.members)
+
+    def shards(self, second: bool = False) -> list[str]:
+        if second:
+            return [f"{self.second_topic}:{p}" for p in range(self.group.second_partitions)]
+        return [f"{self.topic}:{p}" for p in range(self.group.partitions)]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -265,22 +314,29 @@ class ChaosDeployment:
                 out.append(event["message"])
         return out
 
-    def materializations(self) -> list[dict[str, Any]]:
-        return self.dev.materializations(ASSET)
+    def materializations(self, second: bool = False) -> list[dict[str, Any]]:
+        return self.dev.materializations(SECOND_ASSET if second else ASSET)
 
     def wait_members(self, timeout_s: float = 180.0) -> None:
-        resource = self.resource()
+        """Until each group's members share its shards."""
+        groups = [
+            (self.resource(), self.group.members, self.group.partitions),
+            (self.resource(second=True), self.group.second_members, self.group.second_partitions),
+        ]
 
         def shared() -> bool:
-            state = resource.member("chaos-observer").load()
-            return (
-                state is not None
-                and len(state.members) == self.group.members
-                and len(state.shards) == self.group.partitions
-                and all(s.owner is not None for s in state.shards.values())
-            )
+            for resource, members, partitions in groups:
+                state = resource.member("chaos-observer").load()
+                if (
+                    state is None
+                    or len(state.members) != members
+                    or len(state.shards) != partitions
+                    or any(s.owner is None for s in state.shards.values())
+                ):
+                    return False
+            return True
 
-        wait_for("the members to share the shards", shared, timeout_s, 1.0)
+        wait_for("the members of both groups to share their shards", shared, timeout_s, 1.0)
 
 
 def is_grpc_server(args: list[bytes]) -> bool:

@@ -1,8 +1,9 @@
 """The faults of a chaos run: a seeded plan (pure) and the action that injects each kind into the deployment.
 
-Some faults are over when their action returns (a SIGKILL and restart); others go on in the background
-(a paused run, a stopped sensor, CAS hammering, poison records waiting to be parked and unparked) while the
-next faults are injected, and are ended by ``Chaos.finish_background``.
+Some faults are over when their action returns (a SIGKILL and restart, a launcher outage, a held state write, a
+member removed, a burst into the second group); others go on in the background (a paused run, a stopped
+sensor, CAS hammering, poison records waiting to be parked and unparked) while the next faults are injected,
+and are ended by ``Chaos.finish_background``.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import recorder
-from bench.chaos.check import COMMIT_WAIT_S
+from bench.chaos.check import COMMIT_WAIT_S, names_refused
 from bench.chaos.deployment import DEFINITIONS, ChaosDeployment
+from bench.chaos.hammer import no_op
+from bench.chaos.launcher import RefusedLaunch, read_refused
 from bench.chaos.producer import ChaosProducer
 from dagster_streamgroup.dagster.devserver import ROOT
 from dagster_streamgroup.launcher import RunWorker
 from dagster_streamgroup.local import procfs
+from dagster_streamgroup.member import ContentionError, update_state
 from dagster_streamgroup.protocol import GroupState
+from dagster_streamgroup.stores.sql_log import LoggedSqlStateStore
 
 KINDS = (
     "run_kill_before_commit",
@@ -44,12 +49,23 @@ KINDS = (
     "broker_restart",
     "poison",
     "cas_hammer",
+    "launcher_outage",
+    "store_writer_pause",
+    "member_removed",
+    "two_groups",
 )
 """``run_pause``: a run SIGSTOPped longer than the session timeout, then resumed. ``run_pause_zombie``: a run
 held after its read, before its commit, SIGSTOPped with its member sensor stopped until every shard of the run
 moved to a new epoch (the member left; the drain ended, once the stopped run no longer reported itself alive or
 the drain timeout passed; the range was handed out to be launched again), so the resumed run is a zombie whose
-commit must be refused."""
+commit must be refused. ``launcher_outage``: every launch raises for 15-30 s. ``store_writer_pause``: one state
+write held between its load and its save while the state is written and folded past it. ``member_removed``: a
+member sensor stopped for good. ``two_groups``: a burst of records into the second group that shares the code
+location, consumed while the main group's faults go on."""
+
+ONCE = frozenset({"member_removed"})
+"""Kinds a run injects at most once: a member removed for good cannot be removed again, and removing one per
+draw would leave the group without members."""
 
 ZOMBIE_MOVE_LIMIT_S = 300.0
 """How long the zombie fault waits for its run's shards to move to a new epoch before it resumes the run anyway
@@ -58,11 +74,15 @@ plus the drain timeout (about a minute) with the chaos settings."""
 
 
 def plan(count: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
-    """``count`` fault kinds: every kind once (shuffled) while ``count`` allows, then drawn at random."""
+    """``count`` fault kinds: every kind once (shuffled) while ``count`` allows, then drawn at random among the
+    kinds not in ``ONCE``."""
     rng = random.Random(seed)
     first = list(kinds)
     rng.shuffle(first)
-    return (first + [rng.choice(kinds) for _ in range(max(0, count - len(kinds)))])[:count]
+    again = [k for k in kinds if k not in ONCE]
+    if not again:
+        return first[:count]
+    return (first + [rng.choice(again) for _ in range(max(0, count - len(kinds)))])[:count]
 
 
 @dataclass
@@ -81,10 +101,14 @@ class Chaos:
     producer: ChaosProducer
     rng: random.Random
     started: float
+    second_producer: ChaosProducer | None = None
+    """The second group's producer (``two_groups``)."""
     injected: list[Injected] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
     paused: set[int] = field(default_factory=set)
     stopped_sensors: set[str] = field(default_factory=set)
+    removed_sensors: set[str] = field(default_factory=set)
+    """Member sensors stopped for good (``member_removed``): never started again, not even by the drain."""
     hammers: list[subprocess.Popen[str]] = field(default_factory=list)
     hammer_results: list[dict[str, int]] = field(default_factory=list)
     poison_pending: set[str] = field(default_factory=set)
@@ -92,6 +116,11 @@ class Chaos:
     parked_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     parks: set[tuple[str, int, int]] = field(default_factory=set)
     """Every parked or dead-lettered range the driver saw, resolved or not: each must hold a poison record."""
+    park_reasons: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    """Why each of ``parks`` was parked, as the group state says (the last error): one that names a launch the
+    outage refused was counted as an attempt."""
+    refused: list[RefusedLaunch] = field(default_factory=list)
+    """Launches refused by ``launcher_outage``."""
     zombies: list[str] = field(default_factory=list)
     """Run ids of the zombies made: each must end with its commit refused."""
     unparked: list[tuple[str, int, int]] = field(default_factory=list)
@@ -127,8 +156,17 @@ class Chaos:
         self.threads.append(thread)
         thread.start()
 
-    def state(self) -> GroupState | None:
-        return self.deployment.resource().member("chaos-observer").load()
+    def state(self, second: bool = False) -> GroupState | None:
+        """The main group's state (with ``second``: the second group's)."""
+        return self.deployment.resource(second).member("chaos-observer").load()
+
+    def state_of(self, group: str | None) -> GroupState | None:
+        """The state of the group named ``group`` (either group of the deployment; None for another)."""
+        if group == self.deployment.group_name:
+            return self.state()
+        if group == self.deployment.second_group:
+            return self.state(second=True)
+        return None
 
     # Holding runs between their read and their commit.
 
@@ -155,14 +193,19 @@ class Chaos:
 
     def stop_sensor(self, name: str) -> bool:
         with self.lock:
-            if name in self.stopped_sensors:
+            if name in self.stopped_sensors or name in self.removed_sensors:
                 return False
             self.stopped_sensors.add(name)
         self.deployment.stop_sensor(name)
         return True
 
     def start_sensor(self, name: str, timeout_s: float = 240.0) -> None:
-        """Start a sensor again, waiting out a webserver that another fault is restarting."""
+        """Start a sensor again, waiting out a webserver that another fault is restarting; never one removed for
+        good."""
+        with self.lock:
+            if name in self.removed_sensors:
+                self.stopped_sensors.discard(name)
+                return
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -177,7 +220,9 @@ class Chaos:
 
     def running_sensors(self) -> list[str]:
         with self.lock:
-            return [s for s in self.deployment.sensors() if s not in self.stopped_sensors]
+            return [
+                s for s in self.deployment.sensors() if s not in self.stopped_sensors and s not in self.removed_sensors
+            ]
 
     # Ending everything that goes on in the background.
 
@@ -203,6 +248,11 @@ class Chaos:
                 proc.wait(10)
         self.hammers.clear()
         self.unhold()
+        # The synchronous faults end their switches themselves; an action that raised midway may not have.
+        self.deployment.outage_file.unlink(missing_ok=True)
+        self.deployment.pause_file.unlink(missing_ok=True)
+        for claim in self.deployment.faults_dir.glob(f"{self.deployment.pause_file.name}.held.*"):
+            claim.unlink(missing_ok=True)
 
 
 # The actions, one per kind. Each returns (hit, detail).
@@ -443,10 +493,11 @@ def poison(chaos: Chaos, per_partition: int = 3) -> tuple[bool, str]:
     return True, f"{per_partition} poison records in {shard}, switch on"
 
 
-def cli(chaos: Chaos, arguments: list[str]) -> str:
-    """``streamgroup ...`` as an operator runs it, with the deployment's definitions and environment."""
+def cli(chaos: Chaos, arguments: list[str], group: str | None = None) -> str:
+    """``streamgroup ...`` as an operator runs it, with the deployment's definitions and environment, on the main
+    group or ``group``."""
     env = {**os.environ, **chaos.deployment.env()}
-    command = [str(ROOT / ".venv/bin/streamgroup"), arguments[0], "--group", chaos.deployment.group_name]
+    command = [str(ROOT / ".venv/bin/streamgroup"), arguments[0], "--group", group or chaos.deployment.group_name]
     command += ["--definitions", str(DEFINITIONS), *arguments[1:]]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     if done.returncode != 0:
@@ -454,13 +505,13 @@ def cli(chaos: Chaos, arguments: list[str]) -> str:
     return done.stdout.strip()
 
 
-def unpark(chaos: Chaos, shard: str, retry_s: float = 90.0) -> str:
+def unpark(chaos: Chaos, shard: str, retry_s: float = 90.0, group: str | None = None) -> str:
     """``streamgroup unpark``, tried again for a while when it fails, as an operator would: the command reads
     the cluster id to find the group's state, so it fails while a broker restart (another fault) is under way."""
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            return cli(chaos, ["unpark", "--shard", shard])
+            return cli(chaos, ["unpark", "--shard", shard], group)
         except RuntimeError:
             if time.monotonic() > deadline:
                 raise
@@ -479,6 +530,7 @@ def watch_poison(chaos: Chaos, timeout_s: float = 900.0) -> None:
             if state is not None:
                 parked = {sid: (s.parked.start, s.parked.end) for sid, s in state.shards.items() if s.parked}
                 lettered = {d.shard for d in state.dead_letters}
+                note_park_reasons(chaos, state)
                 with chaos.lock:
                     chaos.parked_seen.update(parked)
                     chaos.parks.update((sid, start, end) for sid, (start, end) in parked.items())
@@ -506,6 +558,8 @@ def resolve_dead_letters(chaos: Chaos, letters: list[tuple[str, int, int]]) -> N
     for shard, start, end in letters:
         if (shard, start, end) in chaos.backfilled:
             continue
+        while chaos.deployment.outage_file.exists():  # a backfill's launch would be refused: wait the outage out
+            time.sleep(1.0)
         chaos.backfilled.append((shard, start, end))
         backfill = ["backfill", "--shard", shard, "--from", str(start), "--to", str(end)]
         said = cli(chaos, [*backfill, "--dagster-url", chaos.deployment.dev.url])
@@ -513,12 +567,280 @@ def resolve_dead_letters(chaos: Chaos, letters: list[tuple[str, int, int]]) -> N
         chaos.log(f"resolve {shard}: {cli(chaos, ['resolve', '--shard', shard])}")
 
 
-def resolve_parked(chaos: Chaos, parked: dict[str, tuple[int, int]]) -> None:
+def resolve_parked(chaos: Chaos, parked: dict[str, tuple[int, int]], group: str | None = None) -> None:
     for shard, (start, end) in sorted(parked.items()):
         with chaos.lock:
             chaos.parks.add((shard, start, end))
-        chaos.log(f"unpark {shard} [{start}, {end}): {unpark(chaos, shard)}")
+        chaos.log(f"unpark {shard} [{start}, {end}): {unpark(chaos, shard, group=group)}")
         chaos.unparked.append((shard, start, end))
+
+
+def note_park_reasons(chaos: Chaos, state: GroupState) -> None:
+    """Keep why each parked or dead-lettered range of ``state`` was given up (the check matches the reasons
+    against the launches the outage refused)."""
+    with chaos.lock:
+        for sid, s in state.shards.items():
+            if s.parked is not None:
+                chaos.park_reasons[(sid, s.parked.start, s.parked.end)] = s.parked.reason
+        for d in state.dead_letters:
+            chaos.park_reasons[(d.shard, d.start, d.end)] = d.reason
+
+
+# The launcher, the store's writers, the group's size, and a second group.
+
+OUTAGE_LIMIT_S = 60.0
+"""The longest a launcher outage lasts: past its drawn 15-30 s it goes on only until a launch was refused (a
+quiet moment with nothing to launch would otherwise make it miss)."""
+RELAUNCH_WATCH_S = 90.0
+"""How long, once the outage is over, the fault follows the refused ranges: the member relaunches a range at
+its next tick after the refusal (within a heartbeat), under a backoff of at most 60 s."""
+
+
+def launcher_outage(chaos: Chaos) -> tuple[bool, str]:
+    """Every launch raises for 15-30 s (``bench.chaos.launcher``: the launcher of every process reads the switch
+    file). A launch that raised is not an attempt: its member relaunches the ranges under a new run key after a
+    backoff, with the same attempt (``protocol.launch_failed``). Followed in the group state for each refused
+    range until it is seen relaunched (the same bounds, ``relaunches`` >= 1, the attempt it was refused with), moved
+    to another epoch, or committed. Hit: a launch refused, a range seen relaunched without an attempt counted,
+    none seen retried as a failed attempt, and none parked or dead-lettered naming a refused run."""
+    deployment = chaos.deployment
+    known = {r.run_id for r in read_refused(deployment.faults_dir)}
+    outage = chaos.rng.uniform(15.0, 30.0)
+    outcomes: dict[tuple[str, str, int], str] = {}
+    deployment.outage_file.touch()
+    began = time.monotonic()
+    try:
+        while True:
+            refused = [r for r in read_refused(deployment.faults_dir) if r.run_id not in known]
+            _follow_refused(chaos, refused, outcomes)
+            elapsed = time.monotonic() - began
+            if elapsed >= outage and (refused or elapsed >= OUTAGE_LIMIT_S):
+                break
+            time.sleep(1.0)
+    finally:
+        deployment.outage_file.unlink(missing_ok=True)
+    lasted = time.monotonic() - began
+    refused = [r for r in read_refused(deployment.faults_dir) if r.run_id not in known]
+    with chaos.lock:
+        chaos.refused.extend(refused)
+    if not refused:
+        return False, f"no launch was attempted during {lasted:.0f} s of launcher outage"
+    ranges = {(r.run_id, x.shard, x.start) for r in refused for x in r.ranges}
+    deadline = time.monotonic() + RELAUNCH_WATCH_S
+    while set(outcomes) < ranges and time.monotonic() < deadline:
+        _follow_refused(chaos, refused, outcomes)
+        time.sleep(1.0)
+    seen = Counter(outcomes.values())
+    parked = [
+        span
+        for span, reason in sorted(chaos.park_reasons.items())
+        if any(names_refused(reason, r.run_id, r.run_key) for r in refused)
+    ]
+    what = (
+        f"launcher refused {len(refused)} launch(es) ({len(ranges)} ranges) during {lasted:.0f} s; ranges "
+        f"{dict(seen)}, {len(ranges) - len(outcomes)} not followed to an end in {RELAUNCH_WATCH_S:.0f} s"
+    )
+    if parked:
+        return False, f"{what}; parked or dead-lettered naming a refused run: {parked[:3]}"
+    if seen["counted"] or not seen["relaunched"]:
+        return False, f"{what}: no refused range was seen relaunched without counting an attempt"
+    return True, what
+
+
+def _follow_refused(chaos: Chaos, refused: list[RefusedLaunch], outcomes: dict[tuple[str, str, int], str]) -> None:
+    """Classify each refused range, once, from its group's state: ``relaunched`` (in flight again with the same
+    bounds and attempt under a relaunch), ``counted`` (in flight again with a higher attempt and no relaunch:
+    the refusal was taken for a failed attempt), ``moved`` (its shard changed epoch, so the range was released
+    for the next owner) or ``committed``."""
+    states: dict[str | None, GroupState | None] = {}
+    for launch in refused:
+        if launch.group not in states:
+            states[launch.group] = None
+            with contextlib.suppress(Exception):  # another fault may have the store down: ask again
+                states[launch.group] = chaos.state_of(launch.group)
+            if (loaded := states[launch.group]) is not None:
+                note_park_reasons(chaos, loaded)
+        state = states[launch.group]
+        if state is None:
+            continue
+        for x in launch.ranges:
+            key = (launch.run_id, x.shard, x.start)
+            shard = state.shards.get(x.shard)
+            if key in outcomes or shard is None:
+                continue
+            inflight = shard.inflight
+            if shard.committed is not None and shard.committed >= x.end:
+                outcomes[key] = "committed"
+            elif shard.epoch != x.epoch:
+                outcomes[key] = "moved"
+            elif inflight is not None and inflight.start == x.start and inflight.run_key != launch.run_key:
+                if inflight.relaunches >= 1 and inflight.attempt == x.attempt:
+                    outcomes[key] = "relaunched"
+                elif inflight.attempt > x.attempt and inflight.relaunches == 0:
+                    outcomes[key] = "counted"
+
+
+PAUSE_CLAIM_S = 60.0
+"""How long ``store_writer_pause`` waits for a state write to claim its pause (members write every tick)."""
+FOLDS_UNDER_PAUSE = 3
+"""Folds of the logged store the fault writes, at least, while the claimed write is held."""
+
+
+def store_writer_pause(chaos: Chaos) -> tuple[bool, str]:
+    """One state write of the deployment (a member tick, a run's commit or failure report, a leave: whichever
+    process writes first) is held between its load and its ``save_if`` (``stores.pause_hook``) for 6-10 s, short
+    of the session timeout, while the members go on writing and the fault writes no-op revisions through the
+    members' CAS loop with a store that folds the log into the base row on each write, so the held writer's
+    version is several folds behind. Hit: the held ``save_if`` was refused (the hook logs its result), the writer
+    retried on fresh state. Accepted, it is a broken compare-and-set, reported as an error of the run."""
+    deployment = chaos.deployment
+    pause = deployment.pause_file
+    log = Path(f"{pause}.log")
+    logged = len(log.read_text().splitlines()) if log.exists() else 0
+    pause.touch()
+    try:
+        claim, held = _claimed(deployment.faults_dir, pause.name, PAUSE_CLAIM_S)
+        if claim is None or held is None:
+            return False, f"no state write claimed the pause within {PAUSE_CLAIM_S:.0f} s"
+        key, token = str(held["key"]), held["token"]
+        hold_s = chaos.rng.uniform(6.0, 10.0)
+        folder = LoggedSqlStateStore(deployment.postgres.url, min_fold_bytes=1, fold_fraction=0.0)
+        writes = 0
+        try:
+            until = time.monotonic() + hold_s
+            while (time.monotonic() < until or folder.folds < FOLDS_UNDER_PAUSE) and time.monotonic() < until + 30:
+                with contextlib.suppress(ContentionError):
+                    wrote, _ = update_state(folder, key, no_op, max_attempts=3, backoff_cap_s=0.05)
+                    writes += int(wrote)
+                time.sleep(0.3)
+            _, now_token = folder.load(key)
+            folds = folder.folds
+        finally:
+            folder.close()
+            claim.unlink(missing_ok=True)  # the held write goes on
+    finally:  # whatever happened, no write is held past the fault
+        pause.unlink(missing_ok=True)
+        for path in deployment.faults_dir.glob(f"{pause.name}.held.*"):
+            path.unlink(missing_ok=True)
+    result = None
+    deadline = time.monotonic() + 30.0
+    while result is None and time.monotonic() < deadline:
+        result = next((r for r in _pause_results(log, logged) if r.get("pid") == held["pid"]), None)
+        time.sleep(0.1)
+    what = (
+        f"a write of pid {held['pid']} to {key!r} held at version {token} for {hold_s:.0f} s while the state moved "
+        f"to version {now_token} ({writes} no-op writes, {folds} folds by the fault)"
+    )
+    if result is None:
+        return False, f"{what}: the held write never reported its save_if"
+    if result["saved"]:
+        chaos.errors.append(f"store_writer_pause: {what}: its stale save_if was ACCEPTED")
+        return False, f"{what}: its stale save_if was ACCEPTED"
+    if folds < FOLDS_UNDER_PAUSE:
+        return False, f"{what}: fewer than {FOLDS_UNDER_PAUSE} folds under the held write"
+    return True, f"{what}: its stale save_if was refused"
+
+
+def _claimed(folder: Path, name: str, timeout_s: float) -> tuple[Path | None, dict[str, Any] | None]:
+    """The claim of the pause file ``name`` (renamed ``<name>.held.<pid>`` by the writer that took it) and what
+    the writer wrote in it (its pid, key and token)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for path in folder.glob(f"{name}.held.*"):
+            with contextlib.suppress(OSError, ValueError):
+                return path, dict(json.loads(path.read_text()))
+        time.sleep(0.05)
+    return None, None
+
+
+def _pause_results(log: Path, skip: int) -> list[dict[str, Any]]:
+    """The pause hook's result lines after the first ``skip`` (a line being written is skipped)."""
+    out = []
+    for line in (log.read_text().splitlines() if log.exists() else [])[skip:]:
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+REMOVAL_LIMIT_S = 240.0
+"""How long ``member_removed`` waits for the removed member's shards to be owned by others: the member leaves
+at a peer's next tick, and a shard with a range in flight waits for the run or the drain timeout."""
+
+
+def member_removed(chaos: Chaos) -> tuple[bool, str]:
+    """A member sensor stopped for good (the group goes from N members to N - 1 for the rest of the run): its
+    peers make it leave, other members take its shards over, and its committed runs whose records it had not
+    confirmed are checked by a stand-in of its deployment (``protocol.checks_unrecorded``); the run's end
+    requires ``unrecorded_runs`` empty. Hit: the sensor stopped, the member gone from the group and every shard
+    it owned owned by a live member."""
+    with chaos.lock:
+        if chaos.removed_sensors:
+            return False, f"a member was removed already: {sorted(chaos.removed_sensors)}"
+    candidates = chaos.running_sensors()
+    if len(candidates) < 2:
+        return False, f"running member sensors {candidates}: removing one would leave none"
+    name = chaos.rng.choice(candidates)
+    state = chaos.state()
+    member = next((m for m in (state.members if state is not None else {}) if m.partition("@")[0] == name), None)
+    owned = sorted(s for s, shard in state.shards.items() if shard.owner == member) if state and member else []
+    with chaos.lock:
+        chaos.removed_sensors.add(name)
+    chaos.deployment.stop_sensor(name)
+    stopped = time.monotonic()
+    deadline = stopped + REMOVAL_LIMIT_S
+    while True:
+        state = None
+        with contextlib.suppress(Exception):  # another fault may have the store down
+            state = chaos.state()
+        if state is not None:
+            gone = not any(m.partition("@")[0] == name for m in state.members)
+            owners = {s: state.shards[s].owner for s in owned if s in state.shards}
+            if gone and all(o is not None and o in state.members for o in owners.values()):
+                break
+        if time.monotonic() > deadline:
+            return False, (
+                f"{name} stopped for good, but within {REMOVAL_LIMIT_S:.0f} s it did not leave or its shards "
+                f"{owned} were not all taken over"
+            )
+        time.sleep(1.0)
+    taken = Counter(o for o in owners.values() if o is not None)
+    return True, (
+        f"{name} ({member}) stopped for good; after {time.monotonic() - stopped:.0f} s it had left and its "
+        f"{len(owned)} shards were owned by {dict(taken)}"
+    )
+
+
+SECOND_GROUP_LIMIT_S = 180.0
+"""How long ``two_groups`` waits for the second group to commit its burst."""
+
+
+def two_groups(chaos: Chaos) -> tuple[bool, str]:
+    """A burst of records into the second group's topic (the second group shares the main group's code location,
+    daemon and state store, and runs through the whole chaos run). Hit: the second group committed the burst in
+    its state, every partition up to what the producer was acknowledged, while the main group's faults go on; the
+    check then holds its records to the main group's rules."""
+    producer = chaos.second_producer
+    if producer is None:
+        return False, "the deployment has no second group"
+    count = chaos.rng.randint(2_000, 6_000)
+    producer.chunk(count)
+    ends = producer.shard_ends()
+    started = time.monotonic()
+    while time.monotonic() - started < SECOND_GROUP_LIMIT_S:
+        state = None
+        with contextlib.suppress(Exception):  # another fault may have the store down
+            state = chaos.state(second=True)
+        if (
+            state is not None
+            and all((state.shards[s].committed or 0) >= end for s, end in ends.items() if s in state.shards)
+            and set(ends) <= set(state.shards)
+        ):
+            return True, (
+                f"{count} records into the second group's {len(ends)} partitions, committed by it in "
+                f"{time.monotonic() - started:.0f} s"
+            )
+        time.sleep(1.0)
+    return False, f"the second group did not commit a burst of {count} records within {SECOND_GROUP_LIMIT_S:.0f} s"
 
 
 ACTIONS: dict[str, Callable[[Chaos], tuple[bool, str]]] = {
@@ -534,6 +856,10 @@ ACTIONS: dict[str, Callable[[Chaos], tuple[bool, str]]] = {
     "broker_restart": broker_restart,
     "poison": poison,
     "cas_hammer": cas_hammer,
+    "launcher_outage": launcher_outage,
+    "store_writer_pause": store_writer_pause,
+    "member_removed": member_removed,
+    "two_groups": two_groups,
 }
 
 

@@ -11,6 +11,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ASSET = "chaos_ranges"
+SECOND_ASSET = "chaos_second_ranges"
+"""The asset of the second group that shares the code location (``two_groups``)."""
+SECOND_RESOURCE = "streamgroup_second"
 STORE_URL_ENV = "CHAOS_STORE_URL"
 
 
@@ -33,6 +36,11 @@ class ChaosSettings(BaseModel):
     max_wait_s: float = Field(default=5.0, ge=0)
     max_attempts: int = Field(default=2, ge=1)
     after_max_attempts: str = Field(default="park", pattern=r"^(park|dead_letter)$")
+    second_topic: str | None = None
+    """The second group's topic: with ``second_group``, the code location holds a second stream asset and its
+    member sensors, which run beside the main group's through the whole chaos run."""
+    second_group: str | None = None
+    second_members: int = Field(default=2, ge=1)
 
 
 def settings_from_env(env: dict[str, str] | None = None) -> ChaosSettings:

@@ -9,6 +9,7 @@ import pytest
 
 from bench.chaos import recorder
 from bench.chaos.check import (
+    GROUP_COUNTS,
     MIRROR_LAG_MARGIN_S,
     NOT_ACKNOWLEDGED,
     Committed,
@@ -17,13 +18,17 @@ from bench.chaos.check import (
     merge,
     mirror_lag_bound_s,
     mirror_lag_s,
+    names_refused,
+    refused_launch_parks,
     subtract,
     unexplained_parks,
     verdict,
 )
-from bench.chaos.faults import KINDS, plan
-from bench.chaos.run import committed_of, failure_cause, zombie_outcomes
+from bench.chaos.faults import KINDS, ONCE, plan
+from bench.chaos.launcher import refused_launch
+from bench.chaos.run import committed_of, failure_cause, failure_causes, zombie_outcomes
 from bench.chaos.settings import settings_from_env
+from dagster_streamgroup.dagster import tags as sgt
 
 SHARD = "t:0"
 
@@ -197,10 +202,12 @@ def clean_result() -> dict[str, Any]:
     """The JSON line of a chaos run that passed."""
     zero = dict.fromkeys(
         ["lost", "overlapping_commits", "duplicate_materializations", "backwards", "unattributed_commits",
-         "unacknowledged_seen", "unexplained_parks", "broker_lost_acknowledged"], 0,
+         "unacknowledged_seen", "unexplained_parks", "broker_lost_acknowledged", "unrecorded_runs_left",
+         "refused_launch_parks"], 0,
     )  # fmt: skip
     return {
         **zero,
+        "second_group": {**dict.fromkeys(GROUP_COUNTS, 0), "messages": 6_000},
         "drain_s": 20.0,
         "faults": {"run_pause_zombie": 1, "poison": 1},
         "faults_missed": {},
@@ -233,11 +240,47 @@ def test_a_clean_run_has_no_failures() -> None:
         ({"zombies": [{"run": "z", "status": "FAILURE", "cause": "poison"}]}, "its commit was not refused"),
         ({"kafka_behind_state_max_s": 90.5}, "behind the state's for 90.5 s, past the limit of 90.0 s"),
         ({"error": "RuntimeError: the deployment did not start"}, "the run broke"),
+        ({"unrecorded_runs_left": 2}, "unrecorded_runs_left: 2"),
+        ({"refused_launch_parks": 1}, "refused_launch_parks: 1"),
     ],
 )
 def test_each_failure_of_a_run_is_reported(change: dict[str, Any], reason: str) -> None:
     found = failures({**clean_result(), **change})
     assert any(reason in f for f in found), found
+
+
+@pytest.mark.parametrize("count", GROUP_COUNTS)
+def test_the_second_group_is_judged_by_the_same_counts(count: str) -> None:
+    result = clean_result()
+    result["second_group"] = {**result["second_group"], count: 1}
+    assert f"second_group {count}: 1" in failures(result)
+
+
+def test_a_second_group_given_no_records_or_missing_evidence_fails_the_run() -> None:
+    """A second group that consumed nothing would pass every count: its check would say nothing."""
+    idle = clean_result()
+    idle["second_group"] = {**idle["second_group"], "messages": 0}
+    assert any("second group was given no records" in f for f in failures(idle))
+    partial = clean_result()
+    del partial["second_group"]["lost"]
+    assert any("evidence of the second group missing: ['lost']" in f for f in failures(partial))
+
+
+def test_a_park_blaming_a_refused_launch_is_counted_even_on_a_poison_range() -> None:
+    """A refused launch read nothing: a range given up for it counts, whatever poison it also holds (the park
+    matching would accept a park of a poisoned range). A relaunch's own failure (key ``k:l1``) does not blame the
+    refused run ``k``."""
+    reasons = {
+        (SHARD, 0, 50): "run k failed 3 time(s); last error: run abc's launch raised LauncherOutageError",
+        (SHARD, 50, 60): "run k2 failed 3 time(s); last error: run xyz ended FAILURE without reporting",
+        (SHARD, 60, 70): "run k:l1 failed 3 time(s); last error: ValueError: poison records in t:0 (3)",
+        ("t:1", 0, 10): "run k3 failed 3 time(s); last error: ValueError: poison records in t:1 (3)",
+    }
+    refused = [("abc", "k"), ("xyz", "k2")]
+    assert refused_launch_parks(reasons, refused) == [(SHARD, 0, 50), (SHARD, 50, 60)]
+    assert names_refused(reasons[(SHARD, 50, 60)], "xyz", None)
+    assert not names_refused(reasons[(SHARD, 60, 70)], "abc", "k")
+    assert refused_launch_parks(reasons, []) == []
 
 
 def test_missing_evidence_fails_the_run() -> None:
@@ -269,12 +312,25 @@ def test_the_fault_plan_is_seeded_and_draws_every_kind_first() -> None:
     assert len(plan(30, 7)) == 30 and len(plan(5, 7)) == 5
 
 
+def test_a_member_is_removed_at_most_once_per_run() -> None:
+    assert {"member_removed"} == ONCE and {"launcher_outage", "store_writer_pause", "two_groups"} <= set(KINDS)
+    for seed in range(50):
+        drawn = plan(120, seed)
+        assert drawn.count("member_removed") == 1 and drawn.count("launcher_outage") > 1
+    assert plan(3, 1, ("member_removed",)) == ["member_removed"]
+
+
 def test_a_bad_deployment_setting_names_its_variable() -> None:
     env = {"CHAOS_BOOTSTRAP": "127.0.0.1:1", "CHAOS_TOPIC": "t", "CHAOS_GROUP": "g", "CHAOS_WORK_DIR": "/tmp"}
     with pytest.raises(ValueError, match="CHAOS_SPARK_REMOTE"):
         settings_from_env({**env, "CHAOS_SPARK_REMOTE": "http://x"})
     with pytest.raises(ValueError, match="CHAOS_MEMBERS"):
         settings_from_env({**env, "CHAOS_SPARK_REMOTE": "sc://127.0.0.1:1", "CHAOS_MEMBERS": "0"})
+    with pytest.raises(ValueError, match="CHAOS_SECOND_MEMBERS"):
+        settings_from_env({**env, "CHAOS_SPARK_REMOTE": "sc://127.0.0.1:1", "CHAOS_SECOND_MEMBERS": "0"})
+    two = settings_from_env({**env, "CHAOS_SPARK_REMOTE": "sc://1.2.3.4:1", "CHAOS_SECOND_GROUP": "g2",
+                             "CHAOS_SECOND_TOPIC": "t2"})  # fmt: skip
+    assert (two.second_group, two.second_topic, two.second_members) == ("g2", "t2", 2)
 
 
 def test_failed_runs_are_sorted_by_the_cause_their_messages_name() -> None:
@@ -284,6 +340,13 @@ def test_failed_runs_are_sorted_by_the_cause_their_messages_name() -> None:
     assert failure_cause(["run worker process 12 (forked) was killed by SIGKILL"]) == "worker_killed"
     assert failure_cause(["ContentionError: state 'k' changed under every one of 6 attempts"]) == "state_contention"
     assert failure_cause(["something else"]) == "other"
+
+
+def test_a_run_whose_launch_was_refused_is_told_by_its_tag() -> None:
+    """It never started: it has no events to read, so the deployment is never asked (``None`` would raise)."""
+    runs = [{"runId": "r", "status": "FAILURE", "tags": {sgt.TAG_LAUNCH_FAILED: "LauncherOutageError"}},
+            {"runId": "s", "status": "SUCCESS", "tags": {}}]  # fmt: skip
+    assert failure_causes(None, runs) == ({"r": "launch_refused"}, [])  # type: ignore[arg-type]
 
 
 def test_the_mirror_lag_is_the_longest_stretch_kafka_stays_below_the_state() -> None:
@@ -300,3 +363,17 @@ def test_no_kafka_offset_is_behind_only_once_the_state_moved_past_its_start() ->
     committed = [*waiting, *(Sample(float(t), "state", SHARD, 50) for t in range(110, 141, 10))]
     assert mirror_lag_s(committed) == {SHARD: 30.0}
     assert mirror_lag_s([*committed, Sample(125.0, "kafka", SHARD, 50)]) == {SHARD: 10.0}  # last behind at 120
+
+
+def test_a_refused_launch_is_logged_with_the_ranges_and_attempts_its_run_config_holds() -> None:
+    config = {"ops": {"chaos_ranges": {"config": {"member": "m@d", "run_key": "k", "ranges": [
+        {"shard": "t:0", "start": 5, "end": 9, "attempt": 1, "epoch": 3}, {"shard": "t:1", "start": 0, "end": 4},
+    ]}}}}  # fmt: skip
+    tags = {sgt.TAG_GROUP: "g", sgt.TAG_MEMBER: "m@d", sgt.TAG_RUN_KEY: "k"}
+    refused = refused_launch("r", tags, config)
+    assert (refused.run_id, refused.group, refused.member, refused.run_key) == ("r", "g", "m@d", "k")
+    assert [(x.shard, x.start, x.end, x.attempt, x.epoch) for x in refused.ranges] == [
+        ("t:0", 5, 9, 1, 3),
+        ("t:1", 0, 4, 0, 0),
+    ]
+    assert refused_launch("b", {}, {}).ranges == ()  # a backfill or another job: no member ranges
