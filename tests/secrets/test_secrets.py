@@ -371,6 +371,7 @@ def new_failed_run(dev: DagsterDev, group: str, before: set[str], timeout_s: flo
 @pytest.mark.postgres
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.timeout(900)
 def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_dir: Path) -> None:
     values = {
