@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,12 +12,10 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from dagster_streamgroup.spark.kafka_source import SPARK_KAFKA_SCHEMA, read_kafka_ranges
 from dagster_streamgroup.spark.ranges import ShardRange
 from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
-from tests.fixtures.kafka import TopicFactory
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -72,19 +69,6 @@ def spark_rows(df: DataFrame) -> list[Row]:
         ms = round(r["timestamp"].timestamp() * 1000)
         rows.append((r["key"], r["value"], r["topic"], r["partition"], r["offset"], ms, r["timestampType"], headers))
     return sorted(rows, key=lambda r: (r[2], r[3], r[4]))
-
-
-@pytest.fixture(scope="module")
-def data(kafka_bootstrap: str) -> Iterator[tuple[KafkaStreamConfig, str, dict[int, int]]]:
-    factory = TopicFactory(kafka_bootstrap)
-    topic = factory(3, prefix="spark")
-    ends = produce_sample(kafka_bootstrap, topic, 3, 6000, value_size=20)
-    offsets = produce_records(
-        kafka_bootstrap, topic, 2, [b"h1", b"h2"], keys=[None, b"k"], headers=[[("a", b"1"), ("b", None)], None]
-    )
-    ends[2] = offsets[-1] + 1
-    yield KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic]), topic, ends
-    factory.cleanup()
 
 
 def test_the_arrow_schema_is_exactly_what_spark_expects() -> None:

@@ -5,7 +5,6 @@ range), compacted-looking gaps, and retention past a range's start."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from dagster_streamgroup.dagster import KafkaStreamGroup
-from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
+from dagster_streamgroup.local.kafka_data import produce_sample
 from dagster_streamgroup.spark.kafka_source import SPARK_KAFKA_SCHEMA, read_kafka_ranges
 from dagster_streamgroup.spark.ranges import ShardRange
 from dagster_streamgroup.spark.spark_kafka_source import read_ranges_with_spark_kafka
@@ -25,19 +24,6 @@ from tests.integration.kafka.test_transactions import Transactions
 from tests.integration.spark.test_kafka_source import plain_consumer_rows, spark_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
-
-
-@pytest.fixture(scope="module")
-def data(kafka_bootstrap: str) -> Iterator[tuple[KafkaStreamConfig, str, dict[int, int]]]:
-    factory = TopicFactory(kafka_bootstrap)
-    topic = factory(3, prefix="spark-kafka")
-    ends = produce_sample(kafka_bootstrap, topic, 3, 6000, value_size=20)
-    offsets = produce_records(
-        kafka_bootstrap, topic, 2, [b"h1", b"h2"], keys=[None, b"k"], headers=[[("a", b"1"), ("b", None)], None]
-    )
-    ends[2] = offsets[-1] + 1
-    yield KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic]), topic, ends
-    factory.cleanup()
 
 
 def test_the_dataframe_equals_the_python_source_and_a_plain_consumer_row_for_row(
