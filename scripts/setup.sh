@@ -45,50 +45,33 @@ if ! command -v java >/dev/null 2>&1; then
   apt_install java openjdk-17-jre-headless || true
 fi
 
+# Jars from Maven Central: resolved by Maven from a pom (nothing is built), kept in .tools/, checked against their
+# pinned checksums each run; fetched again only when one is missing or differs.
+jars_ok() {  # FOLDER SUMS
+  [ -d "$1" ] && (cd "$1" && sha256sum --quiet --strict -c "$OLDPWD/$2" >/dev/null 2>&1) \
+    && [ "$(find "$1" -name '*.jar' | wc -l)" = "$(wc -l < "$2")" ]
+}
+fetch_jars() {  # POM SUMS FOLDER WHAT
+  if jars_ok "$3" "$2"; then return 0; fi
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "setup: installing Maven (it fetches $4)"
+    apt_install mvn maven
+  fi
+  echo "setup: fetching $4 from Maven Central into $3"
+  rm -rf "$3.partial"
+  mvn -q -B -f "$1" -Dmaven.repo.local="$PWD/.tools/m2" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$PWD/$3.partial"
+  rm -rf "$3" && mv "$3.partial" "$3"
+  if ! jars_ok "$3" "$2"; then
+    echo "setup: the jars of $4 in $3 do not match $2" >&2
+    exit 1
+  fi
+}
 KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' kafka/pom.xml)
-KAFKA_LIBS=".tools/kafka-$KAFKA_VERSION/libs"
-kafka_jars_ok() {
-  [ -d "$KAFKA_LIBS" ] && (cd "$KAFKA_LIBS" && sha256sum --quiet --strict -c "$OLDPWD/kafka/jars.sha256" >/dev/null 2>&1) \
-    && [ "$(find "$KAFKA_LIBS" -name '*.jar' | wc -l)" = "$(wc -l < kafka/jars.sha256)" ]
-}
-if ! kafka_jars_ok; then
-  if ! command -v mvn >/dev/null 2>&1; then
-    echo "setup: installing Maven (it fetches Apache Kafka's jars)"
-    apt_install mvn maven
-  fi
-  echo "setup: fetching Apache Kafka $KAFKA_VERSION (broker and tools) from Maven Central into $KAFKA_LIBS"
-  rm -rf "$KAFKA_LIBS.partial"
-  mvn -q -B -f kafka/pom.xml -Dmaven.repo.local="$PWD/.tools/m2" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$PWD/$KAFKA_LIBS.partial"
-  rm -rf "$KAFKA_LIBS" && mv "$KAFKA_LIBS.partial" "$KAFKA_LIBS"
-  if ! kafka_jars_ok; then
-    echo "setup: Apache Kafka's jars in $KAFKA_LIBS do not match kafka/jars.sha256" >&2
-    exit 1
-  fi
-fi
-
+fetch_jars kafka/pom.xml kafka/jars.sha256 ".tools/kafka-$KAFKA_VERSION/libs" "Apache Kafka $KAFKA_VERSION (broker and tools)"
 SPARK_VERSION=$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' spark_kafka/pom.xml)
-SPARK_KAFKA_JARS=".tools/spark-kafka-$SPARK_VERSION/jars"
-spark_kafka_jars_ok() {
-  [ -d "$SPARK_KAFKA_JARS" ] \
-    && (cd "$SPARK_KAFKA_JARS" && sha256sum --quiet --strict -c "$OLDPWD/spark_kafka/jars.sha256" >/dev/null 2>&1) \
-    && [ "$(find "$SPARK_KAFKA_JARS" -name '*.jar' | wc -l)" = "$(wc -l < spark_kafka/jars.sha256)" ]
-}
-if ! spark_kafka_jars_ok; then
-  if ! command -v mvn >/dev/null 2>&1; then
-    echo "setup: installing Maven (it fetches Spark's Kafka source)"
-    apt_install mvn maven
-  fi
-  echo "setup: fetching Spark $SPARK_VERSION's Kafka source (spark-sql-kafka-0-10) from Maven Central into $SPARK_KAFKA_JARS"
-  rm -rf "$SPARK_KAFKA_JARS.partial"
-  mvn -q -B -f spark_kafka/pom.xml -Dmaven.repo.local="$PWD/.tools/m2" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$PWD/$SPARK_KAFKA_JARS.partial"
-  rm -rf "$SPARK_KAFKA_JARS" && mv "$SPARK_KAFKA_JARS.partial" "$SPARK_KAFKA_JARS"
-  if ! spark_kafka_jars_ok; then
-    echo "setup: Spark's Kafka source jars in $SPARK_KAFKA_JARS do not match spark_kafka/jars.sha256" >&2
-    exit 1
-  fi
-fi
+fetch_jars spark_kafka/pom.xml spark_kafka/jars.sha256 ".tools/spark-kafka-$SPARK_VERSION/jars" \
+  "Spark $SPARK_VERSION's Kafka source (spark-sql-kafka-0-10)"
 
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
   echo "setup: installing PostgreSQL server binaries"
