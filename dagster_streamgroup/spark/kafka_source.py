@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from dagster_streamgroup.spark.ranges import ShardRange, ranges_to_json
+from dagster_streamgroup.spark.ranges import ShardRange, as_shard_ranges, ranges_to_json
 from dagster_streamgroup.spark.reader import RangeReader, float_option
 from dagster_streamgroup.streams.kafka import PartitionRange, parse_shard, read_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig, PropertyValue
@@ -120,10 +120,7 @@ def read_kafka_ranges(
 ) -> DataFrame:
     """A DataFrame of exactly the records of ``ranges`` (``{"topic:p": (start, end)}`` or ShardRanges)."""
     register(spark)
-    if isinstance(ranges, Mapping):
-        shard_ranges = [ShardRange(shard, start, end) for shard, (start, end) in ranges.items()]
-    else:
-        shard_ranges = list(ranges)
+    shard_ranges = as_shard_ranges(ranges)
     for r in shard_ranges:
         topic, _ = parse_shard(r.shard)
         if topic not in config.topics:

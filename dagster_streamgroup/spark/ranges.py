@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -93,3 +93,10 @@ def ranges_from_json(text: str) -> list[ShardRange]:
             raise ValueError(f"option 'ranges'[{i}] must be an object with exactly shard, start and end: {item!r}")
         out.append(ShardRange(item["shard"], item["start"], item["end"]))
     return out
+
+
+def as_shard_ranges(ranges: Mapping[str, tuple[int, int]] | Sequence[ShardRange]) -> list[ShardRange]:
+    """``{"shard": (start, end)}`` or ShardRanges, as the readers take them, as a list of ShardRanges."""
+    if isinstance(ranges, Mapping):
+        return [ShardRange(shard, start, end) for shard, (start, end) in ranges.items()]
+    return list(ranges)

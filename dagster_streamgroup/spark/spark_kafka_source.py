@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from dagster_streamgroup.spark.ranges import ShardRange
+from dagster_streamgroup.spark.ranges import ShardRange, as_shard_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig, PropertyValue
 
 if TYPE_CHECKING:
@@ -164,12 +164,12 @@ def check_log_starts(config: KafkaStreamConfig, ranges: Sequence[ShardRange]) ->
     from confluent_kafka import Consumer, TopicPartition
 
     from dagster_streamgroup.streams.base import OffsetOutOfRangeError
-    from dagster_streamgroup.streams.kafka import parse_shard, reader_config
+    from dagster_streamgroup.streams.kafka import new_client, parse_shard, reader_config
 
     wanted = [r for r in ranges if r.end > r.start]
     if not wanted:
         return
-    consumer = Consumer(reader_config(config.client_config()))
+    consumer = new_client(Consumer, reader_config(config.client_config()))
     try:
         for r in wanted:
             topic, partition = parse_shard(r.shard)
@@ -189,10 +189,7 @@ def read_ranges_with_spark_kafka(
 ) -> DataFrame:
     """A DataFrame of exactly the records of ``ranges`` read by Spark's Kafka source (lazy; the log-start check
     runs now). Raises ``SparkKafkaUnsupportedError`` for a configuration it cannot carry."""
-    if isinstance(ranges, Mapping):
-        shard_ranges = [ShardRange(shard, start, end) for shard, (start, end) in ranges.items()]
-    else:
-        shard_ranges = list(ranges)
+    shard_ranges = as_shard_ranges(ranges)
     options = read_options(config, shard_ranges, max_records_per_partition=max_records_per_partition)
     check_log_starts(config, shard_ranges)
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from dagster_streamgroup.spark.ranges import ShardRange, ranges_to_json
+from dagster_streamgroup.spark.ranges import ShardRange, as_shard_ranges, ranges_to_json
 from dagster_streamgroup.spark.reader import RangeReader, float_option, int_option
 from dagster_streamgroup.streams.v3io import V3ioStream, parse_shard, read_shard_range
 from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig
@@ -158,10 +158,7 @@ def read_v3io_ranges(
 ) -> DataFrame:
     """A DataFrame of exactly the records of ``ranges`` (``{"<shard>": (start, end)}`` or ShardRanges)."""
     register(spark)
-    if isinstance(ranges, Mapping):
-        shard_ranges = [ShardRange(shard, start, end) for shard, (start, end) in ranges.items()]
-    else:
-        shard_ranges = list(ranges)
+    shard_ranges = as_shard_ranges(ranges)
     for r in shard_ranges:
         parse_shard(r.shard)
     options = {"ranges": ranges_to_json(shard_ranges), **spark_options(config)}
