@@ -1,7 +1,8 @@
 """How far the example's group is behind the stream, sampled from the broker in a thread of its own.
 
 Every ``interval_s``: the high watermark of each partition and Kafka's committed offsets of the group (the
-group mirrors each commit there, as a consumer group's lag tools expect). Lag in records is their
+group mirrors each commit there, as a consumer group's lag tools expect), or, for a consumer that keeps its
+offsets elsewhere (the peer's checkpoint), what ``committed_offsets`` reads. Lag in records is their
 difference; the age of the oldest unconsumed record comes from the history of high watermarks
 (``HighWatermarkHistory``), without reading records.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from bench.figures import HighWatermarkHistory, lag_records, oldest_unconsumed_age
@@ -31,6 +33,8 @@ class LagSampler:
     group: str
     shards: list[str]
     interval_s: float = 2.0
+    committed_offsets: Callable[[], Mapping[str, int | None]] | None = None
+    """Where the committed offsets come from instead of Kafka's group offsets of ``group``."""
     samples: list[LagSample] = field(default_factory=list)
     errors: int = 0
     history: HighWatermarkHistory = field(default_factory=HighWatermarkHistory.empty)
@@ -56,8 +60,12 @@ class LagSampler:
     def sample(self) -> LagSample | None:
         try:
             highs = {shard: marks.high for shard, marks in self.backend.watermarks(self.shards).items()}
-            committed = self.backend.committed(self.group, self.shards)
-        except StreamError:
+            committed = (
+                self.backend.committed(self.group, self.shards)
+                if self.committed_offsets is None
+                else self.committed_offsets()
+            )
+        except (StreamError, OSError, ValueError):
             with self._lock:
                 self.errors += 1
             return None

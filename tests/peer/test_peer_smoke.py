@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,14 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame, SparkSession
 
+from bench.peer_follow import (
+    batches_committed_between,
+    checkpoint_committed,
+    following_peer,
+    wait_committed,
+)
 from bench.peer_spark_streaming import (
+    PeerSpec,
     await_query,
     high_watermarks,
     parse_range_directory,
@@ -122,8 +130,11 @@ def test_the_peer_and_our_source_read_the_same_committed_records_and_count_the_s
     query, batches = start_query(
         spark, kafka_bootstrap, topic, tmp_path / "peer", tmp_path / "checkpoint", inspect=keep
     )
+    started = time.time()
     await_query(query, QUERY_TIMEOUT_S)
     peer_records.sort()
+    assert checkpoint_committed(tmp_path / "checkpoint", topic, list(ends)) == ends, "the checkpoint's offsets"
+    assert batches_committed_between(tmp_path / "checkpoint", started - 1, time.time() + 1) == 1
 
     config = KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic])
     ours = read_kafka_ranges(spark, config, {shard: (0, end) for shard, end in ends.items()}).persist()
@@ -149,3 +160,23 @@ def test_the_peer_and_our_source_read_the_same_committed_records_and_count_the_s
     for side in ("peer", "ours"):
         probe = probe_sink(tmp_path / side, per_partition)
         assert probe["ok"], (side, probe)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_the_following_peer_commits_what_is_produced_while_it_runs(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """``bench.sustained``'s peer: the query with the default trigger, in a process of its own, commits in its
+    checkpoint what is produced before and while it runs, and stops when asked."""
+    topic = kafka_topics(PARTITIONS, prefix="follow")
+    produce_clicks(kafka_bootstrap, topic, 2_000, seed=9)
+    spec = PeerSpec(bootstrap=kafka_bootstrap, topic=topic, work=str(tmp_path), driver_memory="1g")
+    with following_peer(spec) as peer:
+        wait_committed(peer, high_watermarks(kafka_bootstrap, topic), QUERY_TIMEOUT_S)
+        produce_clicks(kafka_bootstrap, topic, 3_000, seed=10)
+        ends = high_watermarks(kafka_bootstrap, topic)
+        wait_committed(peer, ends, QUERY_TIMEOUT_S)
+        assert peer.committed(list(ends)) == ends
+    assert not peer.process.is_alive()
+    assert sum(sink_views_by_shard(tmp_path / "output").values()) == 5_000 + 2 * PARTITIONS

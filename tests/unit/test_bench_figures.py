@@ -275,6 +275,7 @@ def test_summary_takes_the_highest_sustained_rate() -> None:
     assert summary(phases) == {
         "max_sustained_events_per_s": 41000,
         "p95_seconds_behind_at_max": 40,
+        "p95_seconds_behind_at_50000": 40,
         "cores_at_1000": 0.3,
     }
     phases[2]["sustained"] = False
@@ -282,6 +283,7 @@ def test_summary_takes_the_highest_sustained_rate() -> None:
     assert summary([phase(20000, 19900, False, 90, 1)]) == {
         "max_sustained_events_per_s": None,
         "p95_seconds_behind_at_max": None,
+        "p95_seconds_behind_at_50000": None,
         "cores_at_1000": None,
     }
 

@@ -8,12 +8,18 @@ group not catching up within the settle time, and seconds behind rising from the
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bench.figures import peak_growth
+from bench.peer_follow import checkpoint_committed
 from bench.sustained import (
+    comparison,
     fitted_peak_growth,
     judge_sustained,
+    ladder_stop,
     lag_peaks,
     old_rule_sustained,
     quarter_means,
@@ -134,3 +140,59 @@ def test_quarter_means() -> None:
     assert q3 == pytest.approx(1.0)
     assert q4 == pytest.approx(3.0)
     assert quarter_means([(10.0, 5.0)], START, END) == (None, None)
+
+
+def test_seconds_behind_over_the_p95_limit_fails_a_rate_that_keeps_pace() -> None:
+    """The peer comparison's rule: a rate is sustained only with p95 seconds behind under the limit (30 s),
+    however level the lag."""
+    far_behind = [(t, 35.0 + (t + 1.0) % PERIOD) for t in TIMES]
+    kept_pace = judge_sustained(level_lag(), far_behind, START, END, RATE, caught_up=True)
+    assert kept_pace.sustained, "without the limit, a level lag far behind is sustained"
+    limited = judge_sustained(level_lag(), far_behind, START, END, RATE, caught_up=True, max_p95_behind_s=30.0)
+    assert limited.failed == ("seconds_behind_p95_over_limit",)
+    assert judge_sustained(level_lag(), level_ages(), START, END, RATE, caught_up=True, max_p95_behind_s=30.0).sustained
+
+
+def test_the_ladder_stops_where_the_producer_or_the_side_cannot_go_on() -> None:
+    def figures(target: float, achieved: float, caught_up: bool) -> dict[str, object]:
+        return {"target_events_per_s": target, "achieved_events_per_s": achieved, "caught_up": caught_up}
+
+    assert ladder_stop(figures(50_000, 49_600, True)) is None
+    assert ladder_stop(figures(150_000, 120_000, True)) == "the producer reached 120000 of 150000 events/s"
+    assert ladder_stop(figures(75_000, 75_000, False)) == "not caught up within the settle time after 75000 events/s"
+
+
+def test_the_comparison_with_the_peer() -> None:
+    ours = {"max_sustained_events_per_s": 75_000.0, "p95_seconds_behind_at_50000": 23.5, "cores_at_1000": 0.5}
+    peer = {"max_sustained_events_per_s": 100_000.0, "p95_seconds_behind_at_50000": 9.0, "cores_at_1000": 1.0}
+    assert comparison(ours, peer) == {
+        "max_sustained_ours_minus_peer": -25_000.0,
+        "p95_at_50000_ours_minus_peer_s": 14.5,
+        "cores_at_1000_ratio": 0.5,
+    }
+    nothing = {"max_sustained_events_per_s": None, "p95_seconds_behind_at_50000": None, "cores_at_1000": None}
+    assert comparison(nothing, peer)["max_sustained_ours_minus_peer"] == -100_000.0
+    assert comparison(ours, nothing) == {
+        "max_sustained_ours_minus_peer": None,
+        "p95_at_50000_ours_minus_peer_s": None,
+        "cores_at_1000_ratio": None,
+    }
+
+
+def test_the_peer_checkpoint_is_read_like_a_group_offset(tmp_path: Path) -> None:
+    """The layout Spark's offset and commit logs have (``tests/peer`` reads a real one): the end offsets of
+    the last committed batch; a batch planned but not committed does not count; nothing before the first."""
+    checkpoint = tmp_path / "checkpoint"
+    shards = ["t:0", "t:1"]
+    assert checkpoint_committed(checkpoint, "t", shards) == {"t:0": None, "t:1": None}
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    for batch_id, ends in ((0, {"0": 10, "1": 4}), (1, {"0": 25, "1": 9}), (2, {"0": 40, "1": 12})):
+        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps({"t": ends})}')
+    for batch_id in (0, 1):
+        (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (checkpoint / "commits" / ".2.crc").write_text("")
+    assert checkpoint_committed(checkpoint, "t", shards) == {"t:0": 25, "t:1": 9}
+    (checkpoint / "offsets" / "1").write_text("not an offset log")
+    with pytest.raises(ValueError, match="offset log"):
+        checkpoint_committed(checkpoint, "t", shards)
