@@ -172,6 +172,11 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     spark_split_records: int = Field(
         default=50_000, description="Records per Spark partition when a range is read (large ranges are split)."
     )
+    spark_pack_records: int | None = Field(
+        default=10_000,
+        description="Ranges smaller than this share a Spark task until it holds this many records (a task costs "
+        "a consumer and a Python worker's turn whatever it reads); None: a task per range. Our Python sources only.",
+    )
     lag_alert_records: int = Field(
         default=1_000_000, description="The lag asset check fails when a shard is further behind than this."
     )
@@ -203,8 +208,8 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     def _check_group_fields(self) -> StreamGroupResource:
         if not self.group.strip():
             raise ValueError("group: must be a non-empty name")
-        for name in ("spark_split_records", "lag_alert_records"):
-            if getattr(self, name) <= 0:
+        for name in ("spark_split_records", "lag_alert_records", "spark_pack_records"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
         longest_wait = max(self.heartbeat_interval_s, DAEMON_LOOP_S) - TICK_WAIT_MARGIN_S
         if not 0 <= self.tick_wait_s <= longest_wait:
@@ -357,7 +362,12 @@ class KafkaStreamGroup(StreamGroupResource):
         from dagster_streamgroup.spark.kafka_read import read_kafka_ranges_by
 
         return read_kafka_ranges_by(
-            self.spark_reader, spark, self.stream_config(), dict(ranges), split_records=self.spark_split_records
+            self.spark_reader,
+            spark,
+            self.stream_config(),
+            dict(ranges),
+            split_records=self.spark_split_records,
+            pack_records=self.spark_pack_records,
         )
 
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:
@@ -452,7 +462,11 @@ class V3ioStreamGroup(StreamGroupResource):
         from dagster_streamgroup.spark.v3io_source import read_v3io_ranges
 
         return read_v3io_ranges(
-            spark, self.stream_config(), dict(ranges), max_records_per_partition=self.spark_split_records
+            spark,
+            self.stream_config(),
+            dict(ranges),
+            max_records_per_partition=self.spark_split_records,
+            min_records_per_partition=self.spark_pack_records,
         )
 
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:

@@ -47,21 +47,29 @@ def read_kafka_ranges_by(
     ranges: Mapping[str, tuple[int, int]],
     *,
     split_records: int,
+    pack_records: int | None = None,
 ) -> DataFrame:
-    """The records of ``ranges`` through ``reader`` (``spark-kafka``, ``python`` or ``auto``)."""
+    """The records of ``ranges`` through ``reader`` (``spark-kafka``, ``python`` or ``auto``); small ranges share
+    a task up to ``pack_records`` through our source (Spark's plans a task per Kafka partition)."""
     from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
     from dagster_streamgroup.spark.spark_kafka_source import SparkKafkaUnsupportedError, read_ranges_with_spark_kafka
 
     if reader == "python":
-        return read_kafka_ranges(spark, config, dict(ranges), max_records_per_partition=split_records)
+        return read_kafka_ranges(
+            spark, config, dict(ranges), max_records_per_partition=split_records, min_records_per_partition=pack_records
+        )
     if reader == "spark-kafka":
         return read_ranges_with_spark_kafka(spark, config, ranges, max_records_per_partition=split_records)
     try:
         df = read_ranges_with_spark_kafka(spark, config, ranges, max_records_per_partition=split_records)
     except SparkKafkaUnsupportedError as exc:
         log.info("spark_reader auto: reading through the streamgroup-kafka source: %s", exc)
-        return read_kafka_ranges(spark, config, dict(ranges), max_records_per_partition=split_records)
+        return read_kafka_ranges(
+            spark, config, dict(ranges), max_records_per_partition=split_records, min_records_per_partition=pack_records
+        )
     if connector_loaded(spark, df):
         return df
     log.info("spark_reader auto: no Spark Kafka source on this session's classpath; reading through streamgroup-kafka")
-    return read_kafka_ranges(spark, config, dict(ranges), max_records_per_partition=split_records)
+    return read_kafka_ranges(
+        spark, config, dict(ranges), max_records_per_partition=split_records, min_records_per_partition=pack_records
+    )

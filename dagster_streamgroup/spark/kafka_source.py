@@ -6,7 +6,8 @@ batches. Options:
 
 - ``ranges`` (required): JSON list of ``{"shard": "<topic>:<partition>", "start": s, "end": e}``;
 - ``kafka.<property>``: librdkafka properties, e.g. ``kafka.bootstrap.servers`` (as Spark's Kafka source);
-- ``minPartitions``, ``maxRecordsPerPartition``: split large ranges over more tasks;
+- ``minPartitions``, ``maxRecordsPerPartition``: split large ranges over more tasks; ``minRecordsPerPartition``:
+  ranges smaller than this share a task until it holds this many records;
 - ``batchSize`` (records per Arrow batch, 10000), ``stallTimeoutSeconds`` (30): give up on a range after
   this long without progress.
 
@@ -115,6 +116,7 @@ def read_kafka_ranges(
     *,
     min_partitions: int | None = None,
     max_records_per_partition: int | None = None,
+    min_records_per_partition: int | None = None,
     batch_size: int | None = None,
     stall_timeout_s: float | None = None,
 ) -> DataFrame:
@@ -129,6 +131,7 @@ def read_kafka_ranges(
     for name, value in (
         ("minPartitions", min_partitions),
         ("maxRecordsPerPartition", max_records_per_partition),
+        ("minRecordsPerPartition", min_records_per_partition),
         ("batchSize", batch_size),
         ("stallTimeoutSeconds", stall_timeout_s),
     ):

@@ -75,6 +75,35 @@ def plan_partitions(
     return out
 
 
+def pack_partitions(pieces: Sequence[ShardRange], min_records: int | None) -> list[tuple[ShardRange, ...]]:
+    """Input partitions as the tasks read them: pieces of fewer than ``min_records`` records share a task, in
+    order, until it holds ``min_records`` (None: one piece a task, as Spark's own source plans).
+
+    A task costs a fixed amount (a Kafka consumer made and its partitions fetched from, a Python worker's
+    turn, the JVM's scheduling) whatever it reads: a run of a quiet stream holds many ranges of a few hundred
+    records each, and reading them in a task each costs more than the records do. Large pieces keep a task of
+    their own, so a big read stays as parallel as ``plan_partitions`` made it."""
+    if min_records is not None and min_records < 1:
+        raise ValueError(f"minRecordsPerPartition must be >= 1, got {min_records}")
+    if min_records is None:
+        return [(piece,) for piece in pieces]
+    out: list[tuple[ShardRange, ...]] = []
+    packing: list[ShardRange] = []
+    held = 0
+    for piece in pieces:
+        if piece.size >= min_records:
+            out.append((piece,))
+            continue
+        packing.append(piece)
+        held += piece.size
+        if held >= min_records:
+            out.append(tuple(packing))
+            packing, held = [], 0
+    if packing:
+        out.append(tuple(packing))
+    return out
+
+
 def ranges_to_json(ranges: Sequence[ShardRange]) -> str:
     return json.dumps([{"shard": r.shard, "start": r.start, "end": r.end} for r in ranges])
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from dagster_streamgroup.spark.ranges import ShardRange, plan_partitions, ranges_from_json
+from dagster_streamgroup.spark.ranges import ShardRange, pack_partitions, plan_partitions, ranges_from_json
 
 
 @dataclass
@@ -52,11 +52,17 @@ class RangeReader(DataSourceReader):
         self.ranges = ranges_from_json(text)
         self.min_partitions = int_option(options, "minPartitions", None)
         self.max_records_per_partition = int_option(options, "maxRecordsPerPartition", None)
+        self.min_records_per_partition = int_option(options, "minRecordsPerPartition", None)
         self.batch_size = int_option(options, "batchSize", 10_000) or 10_000
         if self.batch_size < 1:
             raise ValueError(f"option 'batchSize' must be >= 1, got {self.batch_size}")
-        plan_partitions(  # fail at planning time, in the driver, on bad ranges or sizes
-            self.ranges, min_partitions=self.min_partitions, max_records_per_partition=self.max_records_per_partition
+        pack_partitions(  # fail at planning time, in the driver, on bad ranges or sizes
+            plan_partitions(
+                self.ranges,
+                min_partitions=self.min_partitions,
+                max_records_per_partition=self.max_records_per_partition,
+            ),
+            self.min_records_per_partition,
         )
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -65,7 +71,7 @@ class RangeReader(DataSourceReader):
         )
         if not planned:  # Spark needs at least one partition; an empty one yields nothing
             return [RangePartition(())]
-        return [RangePartition((r,)) for r in planned]
+        return [RangePartition(ranges) for ranges in pack_partitions(planned, self.min_records_per_partition)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)

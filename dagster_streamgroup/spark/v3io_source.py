@@ -10,7 +10,8 @@ GetRecords and handed to Spark as Arrow batches. Options:
 - ``v3io.access.key`` or ``v3io.access.key.file`` (else ``$V3IO_ACCESS_KEY`` on the executors). The option
   name matches Spark's ``spark.redaction.regex`` (``access[.]?key``), so plans show it redacted; a key
   file keeps the key out of the options altogether;
-- ``minPartitions``, ``maxRecordsPerPartition``: split large ranges over more tasks;
+- ``minPartitions``, ``maxRecordsPerPartition``: split large ranges over more tasks; ``minRecordsPerPartition``:
+  ranges smaller than this share a task until it holds this many records;
 - ``batchSize`` (records per Arrow batch, 10000), ``recordsPerRequest`` (GetRecords limit, 1000),
   ``stallTimeoutSeconds`` (30): give up on a range after this long without progress.
 """
@@ -153,6 +154,7 @@ def read_v3io_ranges(
     *,
     min_partitions: int | None = None,
     max_records_per_partition: int | None = None,
+    min_records_per_partition: int | None = None,
     batch_size: int | None = None,
     stall_timeout_s: float | None = None,
 ) -> DataFrame:
@@ -165,6 +167,7 @@ def read_v3io_ranges(
     for name, value in (
         ("minPartitions", min_partitions),
         ("maxRecordsPerPartition", max_records_per_partition),
+        ("minRecordsPerPartition", min_records_per_partition),
         ("batchSize", batch_size),
         ("stallTimeoutSeconds", stall_timeout_s),
     ):

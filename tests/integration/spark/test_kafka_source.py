@@ -103,6 +103,25 @@ def test_large_ranges_split_over_several_tasks_without_loss_or_duplicates(
     assert by_min.count() == 1600
 
 
+def test_small_ranges_share_a_task_and_large_ones_keep_theirs(
+    spark: SparkSession, data: tuple[KafkaStreamConfig, str, dict[int, int]]
+) -> None:
+    """``minRecordsPerPartition``: the two small ranges are read by one consumer in one task, the large one
+    split in two as before; the rows are exactly the ranges' records, each shard's in offset order."""
+    config, topic, _ = data
+    ranges = [ShardRange(f"{topic}:0", 10, 1210), ShardRange(f"{topic}:1", 0, 100), ShardRange(f"{topic}:2", 5, 55)]
+    df = read_kafka_ranges(spark, config, ranges, max_records_per_partition=600, min_records_per_partition=500)
+    assert df.rdd.getNumPartitions() == 2 + 1
+    rows = [(r["partition"], r["offset"]) for r in df.select("partition", "offset").collect()]
+    expected = [(0, o) for o in range(10, 1210)] + [(1, o) for o in range(100)] + [(2, o) for o in range(5, 55)]
+    assert sorted(rows) == expected
+    for partition in (1, 2):
+        offsets = [o for p, o in rows if p == partition]
+        assert offsets == sorted(offsets), "a shard's records in order within the shared task"
+    with pytest.raises(Exception, match="minRecordsPerPartition must be >= 1"):
+        read_kafka_ranges(spark, config, ranges, min_records_per_partition=0).count()
+
+
 def test_empty_ranges_give_an_empty_dataframe(
     spark: SparkSession, data: tuple[KafkaStreamConfig, str, dict[int, int]]
 ) -> None:

@@ -180,6 +180,7 @@ def _run_stream_asset(resource: StreamSparkResource, data: Data, directory: Path
         max_records_per_run=10_000,
         min_backlog=1,
         spark_split_records=SPLIT,
+        spark_pack_records=None,  # a task per planned piece, as the executors' records are compared with
     )
     seen: list[tuple[Any, ...]] = []
 
