@@ -43,6 +43,7 @@ import itertools
 import json
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.process
 import os
 import random
 import signal
@@ -336,19 +337,29 @@ def kill_tree(pid: int) -> None:
                 os.kill(child, signal.SIGKILL)
 
 
-def run_peer_in_subprocess(spec: PeerSpec) -> dict[str, Any]:
-    """``run_peer`` in a spawned process of its own (one Spark context per process; nothing of the caller's
-    state shared), killed with its tree if it has not answered within its query's timeout plus
-    ``CHILD_GRACE_S``."""
+def start_peer_process(
+    spec: PeerSpec,
+) -> tuple[multiprocessing.process.BaseProcess, multiprocessing.connection.Connection]:
+    """``run_peer`` started in a spawned process of its own (one Spark context per process; nothing of the
+    caller's state shared): the process, which the caller may kill with its tree (``kill_tree``), and the end of
+    the pipe its figures arrive on (``finish_peer_process``)."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     proc = context.Process(target=_peer_main, args=(child, spec), name="peer-spark-streaming", daemon=True)
     proc.start()
     child.close()
+    return proc, parent
+
+
+def finish_peer_process(
+    proc: multiprocessing.process.BaseProcess, parent: multiprocessing.connection.Connection, timeout_s: float
+) -> dict[str, Any]:
+    """The figures of a peer's process from ``start_peer_process``, killed with its tree if it has not answered
+    within ``timeout_s``."""
     assert proc.pid is not None
     try:
-        if not parent.poll(spec.timeout_s + CHILD_GRACE_S):
-            raise TimeoutError(f"the peer's process gave no answer within {spec.timeout_s + CHILD_GRACE_S:.0f} s")
+        if not parent.poll(timeout_s):
+            raise TimeoutError(f"the peer's process gave no answer within {timeout_s:.0f} s")
         answer = parent.recv()
     except BaseException:
         kill_tree(proc.pid)
@@ -361,6 +372,13 @@ def run_peer_in_subprocess(spec: PeerSpec) -> dict[str, Any]:
     if isinstance(answer, Exception):
         raise RuntimeError("the peer failed") from answer
     return dict(answer)
+
+
+def run_peer_in_subprocess(spec: PeerSpec) -> dict[str, Any]:
+    """``run_peer`` in a spawned process of its own (``start_peer_process``), killed with its tree if it has not
+    answered within its query's timeout plus ``CHILD_GRACE_S``."""
+    proc, parent = start_peer_process(spec)
+    return finish_peer_process(proc, parent, spec.timeout_s + CHILD_GRACE_S)
 
 
 def parse_range_directory(name: str) -> tuple[str, int, int]:
