@@ -159,6 +159,9 @@ def following_peer(spec: PeerSpec, start_timeout_s: float = CHILD_GRACE_S) -> It
         if isinstance(result, Exception):
             raise RuntimeError("the peer's query failed") from result
     finally:
+        if process.is_alive():  # left early (an error): ask the query to stop before its tree is killed
+            with contextlib.suppress(OSError, ValueError):
+                parent.send(STOP)
         process.join(30)
         if process.is_alive():
             kill_tree(peer.pid)
