@@ -390,20 +390,29 @@ def parse_range_directory(name: str) -> tuple[str, int, int]:
     return shard, int(start), int(end)
 
 
-def sink_ranges(output: str | Path) -> dict[tuple[str, int, int], int]:
-    """The views each range's folder of the page-views sink holds, by ``(shard, start, end)``: the layout both
-    our example's runs and the peer write (``range=<key>`` folders of Parquet, Spark's ``_``/``.`` files
-    skipped). Read with pyarrow, no Spark; an absent sink holds nothing."""
-    import pyarrow.parquet as pq
-
-    out: dict[tuple[str, int, int], int] = {}
+def range_folders(output: str | Path) -> Iterator[tuple[tuple[str, int, int], list[Path]]]:
+    """Each range folder of the page-views sink, as ``(shard, start, end)`` with its Parquet files: the layout
+    both our example's runs and the peer write (``range=<key>`` folders, Spark's ``_``/``.`` files skipped), in
+    order; an absent sink has none. A folder replaced while it is listed is skipped."""
     for folder in sorted(Path(output).glob(f"{RANGE_COLUMN}=*")):
         if not folder.is_dir():
             continue
-        files = [f for f in folder.iterdir() if f.suffix == ".parquet" and not f.name.startswith(("_", "."))]
-        views = sum(sum(pq.read_table(f, columns=["views"]).column("views").to_pylist()) for f in files)
-        out[parse_range_directory(folder.name.split("=", 1)[1])] = views
-    return out
+        try:
+            files = [f for f in folder.iterdir() if f.suffix == ".parquet" and not f.name.startswith(("_", "."))]
+        except FileNotFoundError:
+            continue
+        yield parse_range_directory(folder.name.split("=", 1)[1]), files
+
+
+def sink_ranges(output: str | Path) -> dict[tuple[str, int, int], int]:
+    """The views each range's folder of the page-views sink holds, by ``(shard, start, end)`` (``range_folders``),
+    read with pyarrow, no Spark."""
+    import pyarrow.parquet as pq
+
+    return {
+        key: sum(sum(pq.read_table(f, columns=["views"]).column("views").to_pylist()) for f in files)
+        for key, files in range_folders(output)
+    }
 
 
 def sink_views_by_shard(output: str | Path) -> dict[str, int]:

@@ -77,6 +77,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.chaos.check import intersect, merge, size
 from bench.deployment import Deployment, ExampleSettings, running_example, statuses
 from bench.e2e import stop_members
 from bench.peer_follow import checkpoint_committed
@@ -87,14 +88,13 @@ from bench.peer_spark_streaming import (
     high_watermarks,
     kafka_broker,
     kill_tree,
-    parse_range_directory,
     probe_sink,
     produce_clicks,
+    range_folders,
     sink_ranges,
     start_peer_process,
 )
 from dagster_streamgroup.dagster.devserver import wait_for
-from dagster_streamgroup.dagster.output import RANGE_COLUMN
 from dagster_streamgroup.local import procfs
 
 Range = tuple[str, int, int]
@@ -117,33 +117,14 @@ KILL_POINTS = ("committed", "written")
 # The arithmetic (pure).
 
 
-def merged(intervals: Iterable[Window]) -> list[Window]:
-    """The union of half-open intervals, as sorted disjoint intervals (empty ones dropped)."""
-    out: list[Window] = []
-    for lo, hi in sorted(i for i in intervals if i[1] > i[0]):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def length(intervals: Iterable[Window]) -> int:
-    return sum(hi - lo for lo, hi in merged(intervals))
+    """Offsets in the union of half-open intervals."""
+    return size(merge(intervals))
 
 
 def intersection_length(a: Iterable[Window], b: Iterable[Window]) -> int:
     """Offsets in both unions."""
-    left, right = merged(a), merged(b)
-    total, i, j = 0, 0, 0
-    while i < len(left) and j < len(right):
-        lo, hi = max(left[i][0], right[j][0]), min(left[i][1], right[j][1])
-        total += max(0, hi - lo)
-        if left[i][1] < right[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+    return size(intersect(merge(a), merge(b)))
 
 
 def clipped(ranges: Iterable[Range], windows: Mapping[str, Window]) -> dict[str, list[Window]]:
@@ -220,16 +201,9 @@ def windows_of(starts: Mapping[str, int], highs: Mapping[str, int]) -> dict[str,
 def sink_files(output: Path) -> dict[Range, Files]:
     """The sink's range folders with their Parquet files (names and modification times), no Parquet read."""
     out: dict[Range, Files] = {}
-    for folder in Path(output).glob(f"{RANGE_COLUMN}=*"):
-        if not folder.is_dir():
-            continue
+    for key, files in range_folders(output):
         with contextlib.suppress(FileNotFoundError):  # a folder being replaced
-            files = frozenset(
-                (f.name, f.stat().st_mtime_ns)
-                for f in folder.iterdir()
-                if f.suffix == ".parquet" and not f.name.startswith(("_", "."))
-            )
-            out[parse_range_directory(folder.name.split("=", 1)[1])] = files
+            out[key] = frozenset((f.name, f.stat().st_mtime_ns) for f in files)
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.chaos.check import merge
 from bench.recovery import (
     Files,
     Range,
@@ -12,7 +13,6 @@ from bench.recovery import (
     kill_fraction,
     length,
     lost_records,
-    merged,
     reprocessed_records,
     rewritten,
     uncommitted,
@@ -23,7 +23,7 @@ WINDOWS = {"t:0": (100, 200), "t:1": (0, 50)}
 
 
 def test_merged_joins_touching_and_overlapping_intervals() -> None:
-    assert merged([(5, 10), (0, 5), (8, 12), (20, 20), (30, 40)]) == [(0, 12), (30, 40)]
+    assert merge([(5, 10), (0, 5), (8, 12), (20, 20), (30, 40)]) == [(0, 12), (30, 40)]
     assert length([(0, 10), (5, 15)]) == 15
     assert intersection_length([(0, 10), (20, 30)], [(5, 25)]) == 10
     assert intersection_length([], [(0, 1)]) == 0
