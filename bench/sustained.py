@@ -78,6 +78,7 @@ from bench.figures import peak_growth, percentile, rounded, second_half, slope, 
 from bench.lag import LagSampler
 from bench.peer_follow import batches_committed_between, following_peer, wait_committed
 from bench.peer_spark_streaming import PeerSpec, produce_clicks
+from dagster_streamgroup.dagster.tags import TAG_MEMBER
 from dagster_streamgroup.local.kafka_broker import BrokerInfo, running_broker
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.streams.kafka import KafkaBackend
@@ -246,6 +247,42 @@ class Side:
     cpu_parts: tuple[str, ...]
     check: Callable[[], None] = lambda: None
     """Raises when the side stopped working (the peer's query failed): a phase must not measure a corpse."""
+    cycle_between: Callable[[float, float], dict[str, Any]] | None = None
+    """Where a unit's cycle goes in a window of epoch seconds (ours: ``run_cycle``); None where not known."""
+
+
+def run_cycle(runs: Sequence[Mapping[str, Any]], member_tag: str) -> dict[str, Any]:
+    """Where a member's run cycle goes, from Dagster's run records (``creationTime``, ``startTime``,
+    ``endTime``, epoch seconds, and the tags): medians and p90 over the runs of ``queued_s`` (created to
+    started), ``running_s`` (started to ended: the run's process, its Spark work, its commit) and ``gap_s``
+    (a member's run ended to its next run created: the sensor's tick and the daemon's pass), and
+    ``cycle_s`` (one of a member's runs created to its next). These are what the seconds behind are made of:
+    a record waits for the run in flight and the gap before the run that reads it."""
+    by_member: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        member = run["tags"].get(member_tag)
+        if member is not None and run.get("startTime") and run.get("endTime"):
+            by_member.setdefault(member, []).append(run)
+    queued, running, gaps, cycles = [], [], [], []
+    for member_runs in by_member.values():
+        member_runs.sort(key=lambda run: run["creationTime"])
+        for run in member_runs:
+            queued.append(run["startTime"] - run["creationTime"])
+            running.append(run["endTime"] - run["startTime"])
+        for before, after in zip(member_runs, member_runs[1:]):
+            gaps.append(after["creationTime"] - before["endTime"])
+            cycles.append(after["creationTime"] - before["creationTime"])
+
+    def spread(values: list[float]) -> dict[str, float | None]:
+        return {"p50": rounded(percentile(values, 50), 2), "p90": rounded(percentile(values, 90), 2)}
+
+    return {
+        "runs": sum(len(member_runs) for member_runs in by_member.values()),
+        "queued_s": spread(queued),
+        "running_s": spread(running),
+        "gap_s": spread(gaps),
+        "cycle_s": spread(cycles),
+    }
 
 
 def settle(sampler: LagSampler, side: Side, settle_s: float) -> tuple[float, bool]:
@@ -343,6 +380,8 @@ def phase(
         "settle_s": round(settle_s, 1),
         "caught_up": caught_up,
     }
+    if side.cycle_between is not None:
+        figures["cycle"] = side.cycle_between(wall0, wall1)
     print(
         f"{side.name}, {rate:g} events/s: achieved {figures['achieved_events_per_s']} (producer "
         f"{produced['events_per_s']}, {produced['late_ticks']} late ticks); lag p50/p95 {figures['lag_records_p50']}/"
@@ -359,6 +398,8 @@ def phase(
         f"benchmark {figures['benchmark_cores']}",
         flush=True,
     )
+    if "cycle" in figures:
+        print(f"{side.name}, {rate:g} events/s: run cycle {json.dumps(figures['cycle'])}", flush=True)
     return figures
 
 
@@ -460,6 +501,7 @@ def our_side(
                     **({"broker": broker.pid} if broker.pid else {}),
                 },
                 cpu_parts=DEPLOYMENT_PARTS,
+                cycle_between=lambda since, until: run_cycle(example.runs_created(since, until), TAG_MEMBER),
             )
             sampler = LagSampler(example.backend, example.group, example.shards, args.sample_s).start()
             try:

@@ -23,6 +23,7 @@ from bench.sustained import (
     lag_peaks,
     old_rule_sustained,
     quarter_means,
+    run_cycle,
 )
 
 RATE = 50_000.0
@@ -196,3 +197,30 @@ def test_the_peer_checkpoint_is_read_like_a_group_offset(tmp_path: Path) -> None
     (checkpoint / "offsets" / "1").write_text("not an offset log")
     with pytest.raises(ValueError, match="offset log"):
         checkpoint_committed(checkpoint, "t", shards)
+
+
+def test_the_run_cycle_splits_each_members_runs_into_queue_run_and_gap() -> None:
+    def run(member: str, created: float, started: float, ended: float) -> dict[str, object]:
+        return {
+            "creationTime": created,
+            "startTime": started,
+            "endTime": ended,
+            "tags": {"streamgroup/member": member},
+        }
+
+    runs = [
+        run("a", 10.0, 11.0, 15.0),
+        run("b", 10.5, 11.0, 13.0),
+        run("a", 17.0, 17.5, 21.5),  # 2 s after a's first ended
+        run("b", 16.0, 16.5, 18.5),  # 3 s after b's first ended
+        {"creationTime": 12.0, "startTime": None, "endTime": None, "tags": {"streamgroup/member": "a"}},  # not ended
+        {"creationTime": 12.0, "startTime": 12.5, "endTime": 13.0, "tags": {}},  # a backfill: no member
+    ]
+
+    cycle = run_cycle(runs, "streamgroup/member")
+
+    assert cycle["runs"] == 4
+    assert cycle["queued_s"]["p50"] == 0.5
+    assert cycle["running_s"]["p50"] == 3.0
+    assert cycle["gap_s"]["p50"] == 2.5
+    assert cycle["cycle_s"]["p50"] == 6.25
