@@ -28,8 +28,8 @@ done
 if [ "${failed:-0}" = 1 ]; then exit 1; fi
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1 PYTHONHASHSEED=0
 echo "test: ruff"
-.venv/bin/ruff check dagster_streamgroup pyspark_streamgroup_kafka pyspark_streamgroup_v3io tests bench jobs sensors scripts definitions.py
-.venv/bin/ruff format --check dagster_streamgroup pyspark_streamgroup_kafka pyspark_streamgroup_v3io tests bench jobs sensors scripts definitions.py
+.venv/bin/ruff check dagster_streamgroup tests bench jobs sensors scripts definitions.py
+.venv/bin/ruff format --check dagster_streamgroup tests bench jobs sensors scripts definitions.py
 echo "test: mypy --strict"
 .venv/bin/mypy
 if [ $# -gt 0 ]; then

@@ -17,6 +17,7 @@ Secret properties (``kafka.sasl.password`` ...) match Spark's ``spark.redaction.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -35,7 +36,6 @@ from pyspark.sql.types import (
 
 from dagster_streamgroup.spark.ranges import ShardRange, as_shard_ranges, ranges_to_json
 from dagster_streamgroup.spark.reader import RangeReader, float_option
-from dagster_streamgroup.spark.registration import ensure_registered
 from dagster_streamgroup.streams.kafka import PartitionRange, parse_shard, read_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig, PropertyValue
 
@@ -90,9 +90,15 @@ class KafkaRangeDataSource(DataSource):
         return KafkaRangeReader(self.options)
 
 
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
+
 def register(spark: SparkSession) -> None:
-    """Make the source readable in ``spark`` (``spark/registration.py``: known statically, or registered)."""
-    ensure_registered(spark, KafkaRangeDataSource)
+    """Register the source with a session (once: registration costs about a second)."""
+    if spark in _registered:
+        return
+    spark.dataSource.register(KafkaRangeDataSource)
+    _registered.add(spark)
 
 
 def spark_options(config: KafkaStreamConfig) -> dict[str, str]:

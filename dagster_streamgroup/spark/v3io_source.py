@@ -18,6 +18,7 @@ GetRecords and handed to Spark as Arrow batches. Options:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,6 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from dagster_streamgroup.spark.ranges import ShardRange, as_shard_ranges, ranges_to_json
 from dagster_streamgroup.spark.reader import RangeReader, float_option, int_option
-from dagster_streamgroup.spark.registration import ensure_registered
 from dagster_streamgroup.streams.v3io import V3ioStream, parse_shard, read_shard_range
 from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig
 
@@ -121,9 +121,15 @@ class V3ioRangeDataSource(DataSource):
         return V3ioRangeReader(self.options)
 
 
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
+
 def register(spark: SparkSession) -> None:
-    """Make the source readable in ``spark`` (``spark/registration.py``: known statically, or registered)."""
-    ensure_registered(spark, V3ioRangeDataSource)
+    """Register the source with a session (once: registration costs about a second)."""
+    if spark in _registered:
+        return
+    spark.dataSource.register(V3ioRangeDataSource)
+    _registered.add(spark)
 
 
 def spark_options(config: V3ioStreamConfig) -> dict[str, str]:

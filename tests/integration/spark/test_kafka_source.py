@@ -12,16 +12,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dagster_streamgroup.spark.kafka_source import (
-    FORMAT,
-    SPARK_KAFKA_SCHEMA,
-    KafkaRangeDataSource,
-    read_kafka_ranges,
-    spark_options,
-)
-from dagster_streamgroup.spark.ranges import ShardRange, ranges_to_json
-from dagster_streamgroup.spark.registration import ensure_registered, knows_format
-from dagster_streamgroup.spark.v3io_source import FORMAT as V3IO_FORMAT
+from dagster_streamgroup.spark.kafka_source import SPARK_KAFKA_SCHEMA, read_kafka_ranges
+from dagster_streamgroup.spark.ranges import ShardRange
 from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 
@@ -128,23 +120,6 @@ def test_small_ranges_share_a_task_and_large_ones_keep_theirs(
         assert offsets == sorted(offsets), "a shard's records in order within the shared task"
     with pytest.raises(Exception, match="minRecordsPerPartition must be >= 1"):
         read_kafka_ranges(spark, config, ranges, min_records_per_partition=0).count()
-
-
-def test_a_session_knows_the_sources_and_registers_one_the_lookup_did_not_find(
-    spark: SparkSession, data: tuple[KafkaStreamConfig, str, dict[int, int]]
-) -> None:
-    """Both sources come from Spark's lookup of ``pyspark_*`` modules; a source it did not find (here one under
-    a name no module gives) is told apart by its error and registered in the session, and then reads."""
-    assert knows_format(spark, FORMAT)
-    assert knows_format(spark, V3IO_FORMAT)
-    unknown = "streamgroup-registered-here"
-    source = type("RegisteredHere", (KafkaRangeDataSource,), {"name": classmethod(lambda cls: unknown)})
-    assert not knows_format(spark, unknown)
-    ensure_registered(spark, source)
-    assert knows_format(spark, unknown)
-    config, topic, _ = data
-    options = {"ranges": ranges_to_json([ShardRange(f"{topic}:1", 0, 100)]), **spark_options(config)}
-    assert spark.read.format(unknown).options(**options).load().count() == 100
 
 
 def test_empty_ranges_give_an_empty_dataframe(

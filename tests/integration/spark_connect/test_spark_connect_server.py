@@ -20,10 +20,7 @@ from dagster_streamgroup.local.spark_connect import (
     running_connect_server,
 )
 from dagster_streamgroup.local.spark_connect_server import spark_conf
-from dagster_streamgroup.spark.kafka_source import FORMAT as KAFKA_FORMAT
-from dagster_streamgroup.spark.registration import knows_format
 from dagster_streamgroup.spark.session import LOCAL_CONF
-from dagster_streamgroup.spark.v3io_source import FORMAT as V3IO_FORMAT
 
 RUN_TIMEOUT_S = 300.0
 LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp and tcp6 (mapped)
@@ -99,23 +96,6 @@ def test_server_serves_runs_on_loopback_and_stops_clean() -> None:
         assert addresses <= LOOPBACK, f"listening beyond 127.0.0.1: {addresses}"
         assert len(tree) > 2  # the driver, its JVM, and Python daemons
     assert procfs.alive(tree) == []
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_a_new_session_knows_the_sources_without_registering_them() -> None:
-    """A run's session is new: the server's lookup of ``pyspark_*`` modules gives it both sources, so it
-    skips the registration (about 1.7 s of the server's CPU per session); an unknown format stays unknown."""
-    from pyspark.sql import SparkSession
-
-    with running_connect_server() as server:
-        session = SparkSession.builder.remote(server.remote).create()
-        try:
-            assert knows_format(session, KAFKA_FORMAT)
-            assert knows_format(session, V3IO_FORMAT)
-            assert not knows_format(session, "streamgroup-no-such-source")
-        finally:
-            session.stop()
 
 
 @pytest.mark.spark
