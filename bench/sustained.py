@@ -58,6 +58,7 @@ about ``sides x len(rates) x (minutes + settle)`` plus start-up and warm-up.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -269,7 +270,7 @@ def run_cycle(runs: Sequence[Mapping[str, Any]], member_tag: str) -> dict[str, A
         for run in member_runs:
             queued.append(run["startTime"] - run["creationTime"])
             running.append(run["endTime"] - run["startTime"])
-        for before, after in zip(member_runs, member_runs[1:]):
+        for before, after in itertools.pairwise(member_runs):
             gaps.append(after["creationTime"] - before["endTime"])
             cycles.append(after["creationTime"] - before["creationTime"])
 
