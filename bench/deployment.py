@@ -262,18 +262,33 @@ def running_example(
 
 def launch_seconds(runs: list[dict[str, Any]]) -> list[float]:
     """Run created to run started (the run process reported itself started), for the runs that started."""
-    return [run["startTime"] - run["creationTime"] for run in runs if run.get("startTime")]
+    return [queued_s(run) for run in runs if run.get("startTime")]
+
+
+def finished_runs(runs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The runs Dagster recorded both a start and an end for."""
+    return [r for r in runs if r.get("startTime") and r.get("endTime")]
+
+
+def queued_s(run: Mapping[str, Any]) -> float:
+    """Created until its process started."""
+    return float(run["startTime"] - run["creationTime"])
+
+
+def running_s(run: Mapping[str, Any]) -> float:
+    """Its process started until it ended."""
+    return float(run["endTime"] - run["startTime"])
 
 
 def run_timings(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Where a run's time goes, as Dagster recorded it: queued (created until its process started) and
     running (process start until it ended), medians over the finished runs."""
-    finished = [r for r in runs if r.get("startTime") and r.get("endTime")]
+    finished = finished_runs(runs)
     if not finished:
         return {}
     return {
-        "queued": round(statistics.median(r["startTime"] - r["creationTime"] for r in finished), 2),
-        "running": round(statistics.median(r["endTime"] - r["startTime"] for r in finished), 2),
+        "queued": round(statistics.median(queued_s(r) for r in finished), 2),
+        "running": round(statistics.median(running_s(r) for r in finished), 2),
     }
 
 

@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import process_cpu
-from bench.deployment import ExampleSettings, running_example
+from bench.deployment import ExampleSettings, finished_runs, queued_s, running_example, running_s
 from bench.figures import peak_growth, percentile, rounded, second_half, slope, sustained, target_line
 from bench.lag import LagSampler
 from bench.peer_follow import batches_committed_between, following_peer, wait_committed
@@ -260,16 +260,15 @@ def run_cycle(runs: Sequence[Mapping[str, Any]], member_tag: str) -> dict[str, A
     ``cycle_s`` (one of a member's runs created to its next). These are what the seconds behind are made of:
     a record waits for the run in flight and the gap before the run that reads it."""
     by_member: dict[str, list[Mapping[str, Any]]] = {}
-    for run in runs:
+    for run in finished_runs(runs):
         member = run["tags"].get(member_tag)
-        if member is not None and run.get("startTime") and run.get("endTime"):
+        if member is not None:
             by_member.setdefault(member, []).append(run)
     queued, running, gaps, cycles = [], [], [], []
     for member_runs in by_member.values():
         member_runs.sort(key=lambda run: run["creationTime"])
-        for run in member_runs:
-            queued.append(run["startTime"] - run["creationTime"])
-            running.append(run["endTime"] - run["startTime"])
+        queued += [queued_s(run) for run in member_runs]
+        running += [running_s(run) for run in member_runs]
         for before, after in itertools.pairwise(member_runs):
             gaps.append(after["creationTime"] - before["endTime"])
             cycles.append(after["creationTime"] - before["creationTime"])
