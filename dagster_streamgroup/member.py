@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from dagster_streamgroup.protocol import (
 )
 from dagster_streamgroup.stores import pause_hook
 from dagster_streamgroup.stores.base import StateStore, state_key
-from dagster_streamgroup.streams.base import StreamBackend, StreamError
+from dagster_streamgroup.streams.base import StreamBackend, StreamError, Watermarks
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +310,30 @@ class GroupMember:
             return protocol.commit_run(current, reports)
 
         return update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
+
+    def commit_run_and_carry_on(
+        self, reports: Sequence[RangeReport], marks: Mapping[str, Watermarks]
+    ) -> tuple[RunCommitOutcome, CasStats, list[Launch]]:
+        """The fenced commit of a finished run (as ``commit_run_state_only``) and, in the same write, the next
+        ranges of its shards under its run key (``protocol.commit_and_carry_on``); ``marks``: the shards'
+        watermarks read after the run processed its records."""
+        watermarks = {
+            shard: Watermark(low=m.low, high=m.high, uncommitted_high=m.uncommitted_high) for shard, m in marks.items()
+        }
+
+        def transition(
+            current: GroupState | None, now: float
+        ) -> tuple[GroupState | None, tuple[RunCommitOutcome, list[Launch]]]:
+            if current is None:
+                refused = CommitOutcome(
+                    accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
+                )
+                return None, (RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports}), [])
+            state, outcome, launches = protocol.commit_and_carry_on(current, reports, now, watermarks, self.policy)
+            return state, (outcome, launches)
+
+        (outcome, launches), stats = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
+        return outcome, stats, launches
 
     def touch_run(self, reports: Sequence[RangeReport]) -> None:
         """The run of ``reports`` says it is alive (every heartbeat while it executes)."""

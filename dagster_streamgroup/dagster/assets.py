@@ -8,11 +8,16 @@ backend, then each range is recorded as a materialization of its shard partition
 make the run fail after its commit (metadata Dagster rejects, for example) is checked before the commit, so a
 committed range always gets its materialization. A run without a member (a backfill) re-processes its
 ranges and commits nothing.
+
+With ``carry_on_s``, a run that committed takes its shards' next ranges in the same state write
+(``protocol.commit_and_carry_on``) and processes them as its next wave: one Dagster run and one Spark session
+over several waves, each wave's ranges committed and materialized before the next is read.
 """
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,8 +29,8 @@ from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, pa
 from dagster_streamgroup.dagster.liveness import RunHeartbeat
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
 from dagster_streamgroup.member import GroupMember
-from dagster_streamgroup.protocol import GroupState, RangeReport
-from dagster_streamgroup.streams.base import StreamError
+from dagster_streamgroup.protocol import GroupState, Launch, RangeReport, report_of
+from dagster_streamgroup.streams.base import StreamError, Watermarks
 
 PARENT_RUN_ID_TAG = "dagster/parent_run_id"
 """Set by Dagster on a re-execution and on its automatic run retries, with the parent run's tags copied."""
@@ -38,6 +43,10 @@ StreamFn = Callable[[dg.AssetExecutionContext, "DataFrame"], Mapping[str, Any] |
 return extra metadata, which each range's materialization carries."""
 
 MAX_REASON = 2000
+
+_WAVE: ContextVar[list[sgt.RangeSpec] | None] = ContextVar("streamgroup_wave", default=None)
+"""The ranges the stream function is processing, while it is called: a run that carried on reads ranges its run
+config does not name."""
 
 
 class CommitRefusedError(dg.Failure):
@@ -60,7 +69,10 @@ class StreamRange:
 
 def run_ranges_of(context: dg.AssetExecutionContext) -> list[sgt.RangeSpec]:
     """The ranges a run processes: its run config, or for a backfill of shard partitions, their partition keys
-    with the offset range of the backfill's tags."""
+    with the offset range of the backfill's tags; while the stream function runs, those of the current wave."""
+    wave = _WAVE.get()
+    if wave is not None:
+        return list(wave)
     raw = context.op_execution_context.op_config or {}
     config = sgt.StreamRunConfig.model_validate(raw)
     if config.ranges:
@@ -221,15 +233,32 @@ def run_ranges(
     mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
     context.log.info(f"{resource.group}: {len(ranges)} range(s) as {mode}: {_describe(ranges)}")
 
-    heartbeat = (
-        RunHeartbeat(member, reports, resource.heartbeat_interval_s)
-        if member is not None and reports
-        else contextlib.nullcontext()
+    heartbeat = RunHeartbeat(member, reports, resource.heartbeat_interval_s) if member is not None and reports else None
+    carry_until = (
+        time.monotonic() + resource.carry_on_s if member is not None and resource.run_mode == "member" else 0.0
     )
-    with heartbeat:
-        yield from _process_and_commit(
-            context, config, resource, spark_resource, fn, asset_key, ranges, reports, member
-        )
+    wave = 0
+    with heartbeat or contextlib.nullcontext():
+        while True:
+            carry = time.monotonic() < carry_until
+            launches, lags, state = yield from _process_and_commit(
+                context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave, carry
+            )
+            if not launches:
+                break
+            ranges = [
+                sgt.RangeSpec(shard=x.shard, start=x.start, end=x.end, attempt=x.attempt, epoch=x.epoch)
+                for x in launches
+            ]
+            reports = [report_of(x) for x in launches]
+            assert heartbeat is not None
+            heartbeat.follow(reports)
+            wave += 1
+            context.log.info(f"{resource.group}: carries on with wave {wave}: {_describe(ranges)}")
+    yield lag_check_result(asset_key, lags, resource.lag_alert_records)
+    if state is None:
+        state, _ = resource.store().load(resource.state_key())
+    yield parked_check_result(asset_key, state)
 
 
 def _process_and_commit(
@@ -242,14 +271,22 @@ def _process_and_commit(
     ranges: list[sgt.RangeSpec],
     reports: list[RangeReport] | None,
     member: GroupMember | None,
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+    wave: int,
+    carry: bool,
+) -> Generator[dg.AssetMaterialization, None, tuple[list[Launch], dict[str, int], GroupState | None]]:
+    """One wave: read, call the stream function, commit (and, with ``carry``, take the next ranges), materialize.
+    Returns the next wave's ranges (none: the run ends), the shards' lag and the state the commit left."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
         session_s = time.monotonic() - t0
         t1 = time.monotonic()
         observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges})
-        extra = dict(fn(context, observed.df) or {})
+        token = _WAVE.set(list(ranges))
+        try:
+            extra = dict(fn(context, observed.df) or {})
+        finally:
+            _WAVE.reset(token)
         process_s = time.monotonic() - t1
         records = observed.counts()
         # Checked now, not after the commit: a commit must never be left without its materialization.
@@ -264,8 +301,13 @@ def _process_and_commit(
 
     state: GroupState | None = None
     mirrored = True
+    marks = _watermarks(resource, [r.shard for r in ranges])
+    launches: list[Launch] = []
     if member is not None and reports:
-        outcome, stats = member.commit_run_state_only(reports)
+        if carry and marks:
+            outcome, stats, launches = member.commit_run_and_carry_on(reports, marks)
+        else:
+            outcome, stats = member.commit_run_state_only(reports)
         if not outcome.accepted:
             refusals = outcome.refusals
             raise CommitRefusedError(
@@ -284,8 +326,10 @@ def _process_and_commit(
                 mirrored = False
                 context.log.warning(f"committed in the group state, mirroring to the stream failed: {exc}")
         state = stats.state
-    lags = _lag_after(resource, {r.shard: r.end for r in ranges})
-    partitions = _ensure_partitions(context, [r.shard for r in ranges])
+    lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
+    # A later wave holds shards of the first (a run carries on only with its own): their partitions exist.
+    shards = [r.shard for r in ranges]
+    partitions = _ensure_partitions(context, shards) if wave == 0 else {s: s for s in shards}
     total = sum(records.values())
     attempts = {r.shard: r.attempt for r in ranges}
     for spec in ranges:
@@ -299,6 +343,7 @@ def _process_and_commit(
             "run_records": dg.MetadataValue.int(total),
             "session_s": dg.MetadataValue.float(round(session_s, 3)),
             "process_s": dg.MetadataValue.float(round(process_s, 3)),
+            "wave": dg.MetadataValue.int(wave),
         }
         if member is not None:
             metadata.update(
@@ -318,10 +363,7 @@ def _process_and_commit(
             metadata["lag"] = dg.MetadataValue.int(lag)
         metadata.update(user_metadata)
         yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
-    yield lag_check_result(asset_key, lags, resource.lag_alert_records)
-    if state is None:
-        state, _ = resource.store().load(resource.state_key())
-    yield parked_check_result(asset_key, state)
+    return launches, lags, state
 
 
 def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:
@@ -350,9 +392,10 @@ def _ensure_partitions(context: dg.AssetExecutionContext, shards: Sequence[str])
     return {s: s for s in shards}
 
 
-def _lag_after(resource: StreamGroupResource, ends: Mapping[str, int]) -> dict[str, int]:
+def _watermarks(resource: StreamGroupResource, shards: Sequence[str]) -> dict[str, Watermarks]:
+    """The shards' watermarks after a wave (its lag, and where its shards' next ranges end); none when the stream
+    does not answer (no lag is reported and the run does not carry on)."""
     try:
-        marks = resource.backend().watermarks(list(ends))
+        return resource.backend().watermarks(list(shards))
     except StreamError:
         return {}
-    return {shard: max(0, marks[shard].written_end - end) for shard, end in ends.items() if shard in marks}

@@ -28,6 +28,10 @@ class RunHeartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="streamgroup-run-heartbeat", daemon=True)
 
+    def follow(self, reports: Sequence[RangeReport]) -> None:
+        """The run carried on with ``reports``: touch those from now on (the previous ones are committed)."""
+        self._reports = list(reports)
+
     def _touch(self) -> None:
         try:
             self._member.touch_run(self._reports)

@@ -143,6 +143,13 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     max_wait_s: float = Field(
         default=15.0, description="... or once a smaller backlog has waited this long (the latency of a quiet stream)."
     )
+    carry_on_s: float = Field(
+        default=0.0,
+        description="Member mode: for this long after it started, a run that committed takes its shards' next "
+        "ranges in the same state write and reads them in the same Dagster run and Spark session (no new run, "
+        "process or session per wave), while its member owns them and min_backlog records wait; 0: a run per "
+        "wave of ranges.",
+    )
     tick_wait_s: float = Field(
         default=3.0,
         description="A tick with nothing to launch while this member's runs are in flight and at least min_backlog "

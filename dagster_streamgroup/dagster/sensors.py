@@ -590,17 +590,11 @@ def _unrecorded_commits(
         if key in repaired:
             confirmed.append(key)
             continue
-        recorded = {
-            entry_record.event_log_entry.dagster_event.partition
-            for entry_record in instance.get_records_for_run(
-                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
-            ).records
-            if entry_record.event_log_entry.dagster_event is not None
-        }
+        recorded = _recorded_ranges(instance, run.run_id)
         missing = [
             r
             for r in entry.ranges
-            if r[0] not in recorded
+            if (r[0], r[1]) not in recorded
             and not _materialized_for(instance, target.asset.key, key, r, since=record.create_timestamp.timestamp())
         ]
         if not missing:
@@ -633,6 +627,19 @@ def _unrecorded_commits(
 
 
 REPAIR_LOOKUP_PAGE = 100
+
+
+def _recorded_ranges(instance: dg.DagsterInstance, run_id: str) -> set[tuple[str, int | None]]:
+    """(shard, start) of each range the run recorded a materialization of: a run that carried on recorded several
+    ranges of one shard, so the shard alone does not say which."""
+    recorded: set[tuple[str, int | None]] = set()
+    for entry_record in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        materialization = entry_record.event_log_entry.asset_materialization
+        if materialization is None or materialization.partition is None:
+            continue
+        start = materialization.metadata.get("start")
+        recorded.add((materialization.partition, start.value if isinstance(start, dg.IntMetadataValue) else None))
+    return recorded
 
 
 def _materialized_for(

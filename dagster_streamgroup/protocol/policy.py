@@ -51,6 +51,13 @@ class GroupPolicy(BaseModel):
         description="... or once a smaller backlog has waited this long: the latency target of a quiet stream, "
         "which keeps it from launching runs of a few records.",
     )
+    carry_on_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Member mode: for this long after it started, a run that committed takes its shards' next "
+        "ranges in the same state write and reads them in the same Dagster run and Spark session, while its member "
+        "still owns them and min_backlog records wait; 0: one wave of ranges per run.",
+    )
     max_attempts: int = Field(default=3, gt=0, description="Runs of one range before the range is given up.")
     after_max_attempts: Literal["park", "dead_letter"] = Field(
         default="park",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.events import DagsterEvent, StepMaterializationData
 from dagster._core.test_utils import create_run_for_test
 
 from dagster_streamgroup import protocol
@@ -294,6 +295,60 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         assert state is not None and set(state.unrecorded_runs) == {following[0].run_key}, (
             "the repaired run is confirmed; the run whose record Dagster does not hold yet stays"
         )
+
+
+def test_a_run_that_carried_on_and_died_has_only_its_unrecorded_waves_recorded_by_the_member(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """A run that carried on recorded its first wave, then committed its second and was killed before Dagster
+    recorded it: the member records the second wave's ranges (the shards' partitions already hold the first
+    wave's materializations, so a partition alone does not say a range was recorded), and only those."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 600)  # 301 records per partition
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=200, carry_on_s=60.0)
+    asset = counting_asset(group, [])
+    shards = [f"{topic}:0", f"{topic}:1"]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        request = driver.request()
+        assert request.tags is not None
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), shards)
+        member = resource.member(driver.member_id)
+        first = protocol.inflight_launches(member.load() or pytest.fail("no state"), driver.member_id)
+        marks = resource.backend().watermarks(shards)
+        outcome, _, second = member.commit_run_and_carry_on([protocol.report_of(x) for x in first], marks)
+        assert outcome.accepted and [(x.start, x.end) for x in second] == [(100, 200), (100, 200)]
+        run = create_run_for_test(
+            instance,
+            job_name=asset.node_def.name,
+            status=dg.DagsterRunStatus.FAILURE,
+            tags={**request.tags, "dagster/run_key": request.run_key or ""},
+        )
+        for launch in first:  # what the run recorded before it was killed
+            materialization = dg.AssetMaterialization(
+                asset_key=asset.key,
+                partition=launch.shard,
+                metadata={"start": launch.start, "end": launch.end, "run_key": launch.run_key},
+            )
+            instance.report_dagster_event(
+                DagsterEvent(
+                    event_type_value=dg.DagsterEventType.ASSET_MATERIALIZATION.value,
+                    job_name=run.job_name,
+                    event_specific_data=StepMaterializationData(materialization),
+                ),
+                run_id=run.run_id,
+            )
+        outcome, _ = member.commit_run_state_only([protocol.report_of(x) for x in second])
+        assert outcome.accepted
+        result = driver.tick()
+        repaired = [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
+        assert sorted((e.partition, e.metadata["start"].value, e.metadata["end"].value) for e in repaired) == [
+            (shards[0], 100, 200),
+            (shards[1], 100, 200),
+        ]
+        again = driver.tick()
+        assert not [e for e in again.asset_events if isinstance(e, dg.AssetMaterialization)], "recorded once"
 
 
 @pytest.mark.parametrize("launcher_repaired_first", [False, True], ids=["never repaired", "repaired, not confirmed"])

@@ -136,6 +136,42 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
         assert not bare.success
 
 
+def test_a_run_carries_on_with_its_shards_next_ranges_in_waves(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    """With carry_on_s, one run reads the whole backlog in waves of max_records_per_run: each wave's ranges are
+    what ranges_of gives the function, each is committed and materialized before the next is read, and the
+    member's next tick finds every range recorded and nothing to launch."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 600)  # 301 records per partition
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=200, carry_on_s=120.0)
+    seen: list[tuple[str, int, int, int]] = []
+    asset = counting_asset(group, seen)
+    shards = [f"{topic}:0", f"{topic}:1"]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        request = driver.request()
+        result = run(asset, instance, resource, spark, request)
+        assert result.success
+        bounds = [(0, 100), (100, 200), (200, 300), (300, 301)]
+        assert seen == [(shard, a, b, b - a) for a, b in bounds for shard in shards], "one call per wave"
+        recorded = [
+            {k: v.value for k, v in m.metadata.items()}
+            for m in result.asset_materializations_for_node(result.job_def.nodes[0].name)
+        ]
+        assert [(m["shard"], m["start"], m["end"], m["records"], m["wave"]) for m in recorded] == [
+            (shard, a, b, b - a, wave) for wave, (a, b) in enumerate(bounds) for shard in shards
+        ]
+        assert {m["run_key"] for m in recorded} == {request.run_key}
+        state = resource.member(driver.member_id).load()
+        assert state is not None and all(state.shards[s].committed == 301 for s in shards)
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
+        assert not driver.requests(), "nothing left to read"
+        state = resource.member(driver.member_id).load()
+        assert state is not None and state.unrecorded_runs == {}, "every wave's ranges found recorded"
+
+
 def test_a_failing_function_is_retried_with_the_same_offsets(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
 ) -> None:

@@ -1,0 +1,83 @@
+"""A run that carries on: its commit and its shards' next ranges in one state write.
+
+A new run for every wave pays a run's fixed costs (Dagster creating and launching it, a process, a Spark
+session) again and again while its shards keep the same owner. A run that committed may instead take the next
+ranges of the shards it still holds, under its own run key, in the same write as the commit: no tick sees the
+shards idle in between, so nobody else plans them, and the orchestrator's run for that key exists already.
+
+It is the tick's own planning, limited to the run's shards: the commit is the safe point where a member above
+its fair share releases shards (``rebalance``), so a member that joined gets its share while runs carry on;
+shards whose backlog is under ``min_backlog`` are left to the member's ticks, which wait ``max_wait_s``; a member
+that left or is about to be evicted carries nothing on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from dagster_streamgroup.protocol.assignment import rebalance
+from dagster_streamgroup.protocol.completion import RangeReport, RunCommitOutcome, commit_run
+from dagster_streamgroup.protocol.planning import Launch, Watermark, plan
+from dagster_streamgroup.protocol.policy import GroupPolicy
+from dagster_streamgroup.protocol.state import GroupState, InFlight, evolve
+
+
+def commit_and_carry_on(
+    state: GroupState,
+    reports: Sequence[RangeReport],
+    now: float,
+    watermarks: Mapping[str, Watermark],
+    policy: GroupPolicy,
+) -> tuple[GroupState, RunCommitOutcome, list[Launch]]:
+    """Commit ``reports`` (all or none, as ``commit_run``), then plan the next range of each of their shards that
+    the run's member still owns, recorded in flight under the run's key. ``watermarks``: the shards' watermarks,
+    read after the run's records were processed (a shard missing from them is left to the member's ticks)."""
+    state, outcome = commit_run(state, reports)
+    if not outcome.accepted or not reports:
+        return state, outcome, []
+    run_key = reports[0].run_key
+    member_id = reports[0].member_id
+    carried = _already_carried(state, reports)
+    if carried:
+        # This commit was written before (a write whose answer was lost, retried): so were its next ranges.
+        return state, outcome, carried
+    member = state.members.get(member_id)
+    if member is None or now - member.heartbeat > policy.session_timeout_s - policy.heartbeat_interval_s:
+        return state, outcome, []
+    state = rebalance(state, member_id, now, policy)
+    shards = {r.shard for r in reports}
+    state, launches = plan(state, member_id, now, {s: m for s, m in watermarks.items() if s in shards}, policy)
+    return _under_key(state, launches, run_key), outcome, [x.model_copy(update={"run_key": run_key}) for x in launches]
+
+
+def _already_carried(state: GroupState, reports: Sequence[RangeReport]) -> list[Launch]:
+    launches = []
+    for report in reports:
+        inflight = state.shards[report.shard].inflight
+        if inflight is not None and inflight.run_key == report.run_key and inflight.start == report.end:
+            launches.append(
+                Launch(
+                    group=state.group,
+                    shard=report.shard,
+                    start=inflight.start,
+                    end=inflight.end,
+                    attempt=inflight.attempt,
+                    epoch=inflight.epoch,
+                    member_id=inflight.member_id,
+                    run_key=inflight.run_key,
+                )
+            )
+    return launches
+
+
+def _under_key(state: GroupState, launches: Sequence[Launch], run_key: str) -> GroupState:
+    """The planned ranges in flight under the carrying run's key."""
+    if not launches:
+        return state
+    shards = dict(state.shards)
+    for launch in launches:
+        shard = shards[launch.shard]
+        inflight = shard.inflight
+        assert isinstance(inflight, InFlight)
+        shards[launch.shard] = evolve(shard, inflight=evolve(inflight, run_key=run_key))
+    return state.model_copy(update={"shards": shards})
