@@ -29,6 +29,7 @@ def streamgroup_resource() -> StreamGroupResource:
             run_mode=settings.RUN_MODE,
             min_backlog=settings.MIN_BACKLOG,
             max_wait_s=settings.MAX_WAIT_S,
+            carry_on_s=settings.CARRY_ON_S,
         )
     return KafkaStreamGroup(
         group=settings.GROUP,
@@ -43,6 +44,7 @@ def streamgroup_resource() -> StreamGroupResource:
         run_mode=settings.RUN_MODE,
         min_backlog=settings.MIN_BACKLOG,
         max_wait_s=settings.MAX_WAIT_S,
+        carry_on_s=settings.CARRY_ON_S,
     )
 
 

@@ -76,6 +76,9 @@ MAX_RECORDS_PER_RUN = _int("CLICKSTREAM_MAX_RECORDS_PER_RUN", "1000000")
 RUN_MODE = _choice("CLICKSTREAM_RUN_MODE", "member", ("member", "shard"))
 MIN_BACKLOG = _int("CLICKSTREAM_MIN_BACKLOG", "20000")
 MAX_WAIT_S = _float("CLICKSTREAM_MAX_WAIT_S", "15", minimum=0)
+CARRY_ON_S = _float("CLICKSTREAM_CARRY_ON_S", "60", minimum=0)
+"""How long a member's run keeps taking its shards' next ranges (the resource's ``carry_on_s``; 0: a run per
+wave of ranges)."""
 OUTPUT = Path(_text("CLICKSTREAM_OUTPUT", "output/clickstream")).resolve()
 SPARK_MASTER = _text("CLICKSTREAM_SPARK_MASTER", "local[2]")
 SPARK_REMOTE = os.environ.get("CLICKSTREAM_SPARK_REMOTE", "").strip() or None
