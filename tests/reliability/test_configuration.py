@@ -93,6 +93,7 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
         ("seek_timestamp_ms", -1),
         ("tick_wait_s", -0.5),
         ("tick_wait_s", 4.0),
+        ("carry_on_s", -1.0),
     ],
     ids=[
         "heartbeat_interval_s",
@@ -112,6 +113,7 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
         "seek_timestamp_ms",
         "tick_wait_s-negative",
         "tick_wait_s-past-the-daemon-pass",
+        "carry_on_s",
     ],
 )
 def test_a_group_field_out_of_its_bounds_is_named(field: str, value: object) -> None:
