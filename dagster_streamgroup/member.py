@@ -149,6 +149,11 @@ class TickReport:
         return out
 
 
+def _positioned(marks: Mapping[str, Watermarks]) -> dict[str, Watermark]:
+    """The watermarks ``plan`` needs of shards already positioned (a run's own)."""
+    return {shard: Watermark(low=m.low, high=m.high, uncommitted_high=m.uncommitted_high) for shard, m in marks.items()}
+
+
 @dataclass
 class GroupMember:
     """A member of ``group`` over ``backend``'s stream, keeping its state in ``store``."""
@@ -317,9 +322,7 @@ class GroupMember:
         """The fenced commit of a finished run (as ``commit_run_state_only``) and, in the same write, the next
         ranges of its shards under its run key (``protocol.commit_and_carry_on``); ``marks``: the shards'
         watermarks read after the run processed its records."""
-        watermarks = {
-            shard: Watermark(low=m.low, high=m.high, uncommitted_high=m.uncommitted_high) for shard, m in marks.items()
-        }
+        watermarks = _positioned(marks)
 
         def transition(
             current: GroupState | None, now: float
@@ -334,6 +337,21 @@ class GroupMember:
 
         (outcome, launches), stats = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
         return outcome, stats, launches
+
+    def carry_on(
+        self, run_key: str, shards: Collection[str], marks: Mapping[str, Watermarks]
+    ) -> tuple[list[Launch], GroupState | None]:
+        """The next ranges of ``shards`` for the run ``run_key``, which committed and waits for a wave's worth of
+        records (``protocol.carry_on``); also the state as this call left it."""
+        watermarks = _positioned(marks)
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, list[Launch]]:
+            if current is None:
+                return None, []
+            return protocol.carry_on(current, self.member_id, run_key, shards, now, watermarks, self.policy)
+
+        launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)
+        return launches, stats.state
 
     def touch_run(self, reports: Sequence[RangeReport]) -> None:
         """The run of ``reports`` says it is alive (every heartbeat while it executes)."""

@@ -28,7 +28,7 @@ from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, parked_check_result
 from dagster_streamgroup.dagster.liveness import RunHeartbeat
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
-from dagster_streamgroup.member import GroupMember
+from dagster_streamgroup.member import ContentionError, GroupMember
 from dagster_streamgroup.protocol import GroupState, Launch, RangeReport, report_of
 from dagster_streamgroup.streams.base import StreamError, Watermarks
 
@@ -244,6 +244,8 @@ def run_ranges(
             launches, lags, state = yield from _process_and_commit(
                 context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave, carry
             )
+            if carry and not launches and member is not None and config.run_key is not None:
+                launches = _wait_for_a_wave(resource, member, config.run_key, [r.shard for r in ranges], carry_until)
             if not launches:
                 break
             ranges = [
@@ -364,6 +366,40 @@ def _process_and_commit(
         metadata.update(user_metadata)
         yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
     return launches, lags, state
+
+
+CARRY_ON_POLL_S = 1.0
+"""How often a run that committed looks for its next wave's records while fewer than ``min_backlog`` wait."""
+
+
+def _wait_for_a_wave(
+    resource: StreamGroupResource, member: GroupMember, run_key: str, shards: Sequence[str], carry_until: float
+) -> list[Launch]:
+    """The next wave of a run that committed while fewer than ``min_backlog`` records waited: planned as soon as
+    they do, or once they have waited ``max_wait_s`` (as the member's tick would plan them, which the run's more
+    frequent look usually beats), within ``carry_on_s``. None when that passes with nothing to read, or the
+    shards moved on (a tick planned them first, a rebalance handed them over, the member left)."""
+    deadline = min(carry_until, time.monotonic() + resource.max_wait_s + CARRY_ON_POLL_S)
+    while time.monotonic() + CARRY_ON_POLL_S < deadline:
+        time.sleep(CARRY_ON_POLL_S)
+        marks = _watermarks(resource, shards)
+        if not marks:
+            continue
+        try:
+            launches, state = member.carry_on(run_key, shards, marks)
+        except ContentionError:
+            return []  # the state kept changing under the run: its member's ticks plan the shards' next ranges
+        if launches:
+            return launches
+        if state is None or not any(
+            (shard := state.shards.get(s)) is not None
+            and shard.owner == member.member_id
+            and shard.inflight is None
+            and shard.parked is None
+            for s in shards
+        ):
+            return []
+    return []
 
 
 def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:

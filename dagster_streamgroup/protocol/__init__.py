@@ -1,7 +1,7 @@
 """The consumer-group protocol: pure transitions over ``GroupState``. No I/O, no clock, no randomness."""
 
 from dagster_streamgroup.protocol.assignment import is_draining, quotas, rebalance
-from dagster_streamgroup.protocol.carry_on import commit_and_carry_on
+from dagster_streamgroup.protocol.carry_on import carry_on, commit_and_carry_on
 from dagster_streamgroup.protocol.codec import (
     ForeignStateError,
     NewerSchemaError,
@@ -81,6 +81,7 @@ __all__ = [
     "UnrecordedRun",
     "Watermark",
     "batch_run_key",
+    "carry_on",
     "carry_over",
     "checks_unrecorded",
     "commit",

@@ -7,13 +7,13 @@ shards idle in between, so nobody else plans them, and the orchestrator's run fo
 
 It is the tick's own planning, limited to the run's shards: the commit is the safe point where a member above
 its fair share releases shards (``rebalance``), so a member that joined gets its share while runs carry on;
-shards whose backlog is under ``min_backlog`` are left to the member's ticks, which wait ``max_wait_s``; a member
-that left or is about to be evicted carries nothing on.
+while fewer than ``min_backlog`` records wait, the run waits for them as a tick would (``carry_on``, called again
+until ``max_wait_s`` has passed); a member that left or is about to be evicted carries nothing on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from dagster_streamgroup.protocol.assignment import rebalance
 from dagster_streamgroup.protocol.completion import RangeReport, RunCommitOutcome, commit_run
@@ -41,13 +41,30 @@ def commit_and_carry_on(
     if carried:
         # This commit was written before (a write whose answer was lost, retried): so were its next ranges.
         return state, outcome, carried
+    state, launches = carry_on(state, member_id, run_key, {r.shard for r in reports}, now, watermarks, policy)
+    return state, outcome, launches
+
+
+def carry_on(
+    state: GroupState,
+    member_id: str,
+    run_key: str,
+    shards: Collection[str],
+    now: float,
+    watermarks: Mapping[str, Watermark],
+    policy: GroupPolicy,
+) -> tuple[GroupState, list[Launch]]:
+    """The next ranges of ``shards`` under ``run_key``, planned as ``member_id``'s tick would plan them, for a run
+    that committed and waits for its next wave (called again while fewer than ``min_backlog`` records wait: the
+    first call starts the shards' ``max_wait_s``, as a tick's does). A shard another run holds by now, or that
+    moved, is not planned; a member that left, or has not heartbeated for a session timeout less a heartbeat,
+    plans nothing. Changes nothing (the same object) when nothing is to be done."""
     member = state.members.get(member_id)
     if member is None or now - member.heartbeat > policy.session_timeout_s - policy.heartbeat_interval_s:
-        return state, outcome, []
+        return state, []
     state = rebalance(state, member_id, now, policy)
-    shards = {r.shard for r in reports}
     state, launches = plan(state, member_id, now, {s: m for s, m in watermarks.items() if s in shards}, policy)
-    return _under_key(state, launches, run_key), outcome, [x.model_copy(update={"run_key": run_key}) for x in launches]
+    return _under_key(state, launches, run_key), [x.model_copy(update={"run_key": run_key}) for x in launches]
 
 
 def _already_carried(state: GroupState, reports: Sequence[RangeReport]) -> list[Launch]:

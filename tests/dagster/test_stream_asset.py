@@ -145,7 +145,9 @@ def test_a_run_carries_on_with_its_shards_next_ranges_in_waves(
     topic = kafka_topics(partitions=2)
     produce_sample(kafka_bootstrap, topic, 2, 600)  # 301 records per partition
     group = group_name()
-    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=200, carry_on_s=120.0)
+    resource = group_resource(
+        kafka_bootstrap, topic, group, tmp_path, max_records_per_run=200, carry_on_s=120.0, max_wait_s=1.0
+    )
     seen: list[tuple[str, int, int, int]] = []
     asset = counting_asset(group, seen)
     shards = [f"{topic}:0", f"{topic}:1"]

@@ -99,3 +99,30 @@ def test_a_member_above_its_fair_share_releases_shards_at_the_commit_and_carries
     assert len(mine) == 2 and sorted(x.shard for x in carried) == mine
     theirs = [s for s in state.shards.values() if s.owner == "b"]
     assert len(theirs) == 2 and all(s.inflight is None and s.committed == 25 for s in theirs)
+
+
+def test_a_run_that_waits_for_its_next_wave_gets_it_once_a_wave_s_worth_waits_unless_a_tick_was_first() -> None:
+    waits = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_records_per_run=1000, min_backlog=500)
+    start = balanced_start(2, ("a",), waits)
+    high = {"s0": Watermark(low=0, high=600), "s1": Watermark(low=0, high=600)}
+    state, launches = protocol.plan(start, "a", 5.0, high, waits)
+    assert [(x.start, x.end) for x in launches] == [(0, 500), (0, 500)]
+    key = launches[0].run_key
+    state, _, carried = protocol.commit_and_carry_on(state, [report(x) for x in launches], 6.0, high, waits)
+    assert carried == [] and all(s.backlog_since == 6.0 for s in state.shards.values()), "its max_wait_s starts"
+    again, carried = protocol.carry_on(state, "a", key, ["s0", "s1"], 7.0, high, waits)
+    assert carried == [] and again is state, "nothing to do is no write"
+    more = {"s0": Watermark(low=0, high=800), "s1": Watermark(low=0, high=800)}
+    after, carried = protocol.carry_on(state, "a", key, ["s0", "s1"], 8.0, more, waits)
+    assert [(x.shard, x.start, x.end, x.run_key) for x in carried] == [("s0", 500, 800, key), ("s1", 500, 800, key)]
+    assert {s.inflight.run_key for s in after.shards.values() if s.inflight is not None} == {key}
+    # The same small backlog, once it has waited max_wait_s (60 s here), is planned too.
+    _, carried = protocol.carry_on(state, "a", key, ["s0", "s1"], 66.0, high, waits)
+    assert carried == [], "a member silent since t=0 is about to be evicted: its run stops"
+    _, carried = protocol.carry_on(protocol.heartbeat(state, "a", 65.0), "a", key, ["s0", "s1"], 66.0, high, waits)
+    assert [(x.start, x.end) for x in carried] == [(500, 600), (500, 600)]
+    # A tick that planned the shards first: the waiting run takes nothing.
+    ticked, planned = protocol.plan(state, "a", 8.0, more, waits)
+    assert planned and planned[0].run_key != key
+    same, carried = protocol.carry_on(ticked, "a", key, ["s0", "s1"], 8.5, more, waits)
+    assert carried == [] and same is ticked
