@@ -37,6 +37,7 @@ def commit_and_carry_on(
         return state, outcome, []
     run_key = reports[0].run_key
     member_id = reports[0].member_id
+    state = _forget_recorded_waves(state, reports)
     carried = _already_carried(state, reports)
     if carried:
         # This commit was written before (a write whose answer was lost, retried): so were its next ranges.
@@ -65,6 +66,23 @@ def carry_on(
     state = rebalance(state, member_id, now, policy)
     state, launches = plan(state, member_id, now, {s: m for s, m in watermarks.items() if s in shards}, policy)
     return _under_key(state, launches, run_key), [x.model_copy(update={"run_key": run_key}) for x in launches]
+
+
+def _forget_recorded_waves(state: GroupState, reports: Sequence[RangeReport]) -> GroupState:
+    """The run's unrecorded entry keeps this wave's ranges and the wave's before, no earlier ones: a run records a
+    wave's materializations before it reads the next, so what came before the wave before is recorded, and the
+    entry of a run that carries on for hours stays two waves long."""
+    entry = state.unrecorded_runs.get(reports[0].run_key)
+    if entry is None:
+        return state
+    now = {(r.shard, r.start) for r in reports}
+    before = {(r.shard, r.start) for r in reports}  # a range of the wave before ends where this wave's starts
+    kept = tuple(r for r in entry.ranges if (r[0], r[1]) in now or (r[0], r[2]) in before)
+    if kept == entry.ranges:
+        return state
+    return state.model_copy(
+        update={"unrecorded_runs": {**state.unrecorded_runs, reports[0].run_key: evolve(entry, ranges=kept)}}
+    )
 
 
 def _already_carried(state: GroupState, reports: Sequence[RangeReport]) -> list[Launch]:

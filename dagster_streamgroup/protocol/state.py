@@ -170,7 +170,8 @@ class UnrecordedRun:
     member_id: str
     epoch: int
     ranges: tuple[tuple[str, int, int], ...]
-    """``(shard, start, end)`` of every committed range of the run."""
+    """``(shard, start, end)`` of every committed range of the run (of a run that carries on: its last two waves,
+    the earlier ones were recorded before it read them)."""
     orphaned_at: float | None = None
     """When no live member of the run's deployment was left (its records can no longer be checked): the entry is
     dropped, with an event naming its ranges, after ``drain_timeout_s``."""

@@ -38,6 +38,16 @@ def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> Non
         ("s0", 50, 100),
         ("s1", 50, 100),
     ]
+    # The run recorded a wave's materializations before it read the next: its entry keeps the last two waves.
+    state, outcome, _ = protocol.commit_and_carry_on(
+        state, [report(x) for x in carried_again], 8.0, marks(state, high=250), POLICY
+    )
+    assert outcome.accepted and [r for r in state.unrecorded_runs[key].ranges] == [
+        ("s0", 50, 100),
+        ("s1", 50, 100),
+        ("s0", 100, 150),
+        ("s1", 100, 150),
+    ]
 
 
 def test_a_replayed_write_returns_the_ranges_it_already_took() -> None:
