@@ -303,7 +303,9 @@ def _process_and_commit(
 
     state: GroupState | None = None
     mirrored = True
-    marks = _watermarks(resource, [r.shard for r in ranges])
+    shards = [r.shard for r in ranges]
+    # Read before the commit only when the commit also plans the next wave: a commit waits for nobody otherwise.
+    marks = _watermarks(resource, shards) if carry and member is not None and reports else {}
     launches: list[Launch] = []
     if member is not None and reports:
         if carry and marks:
@@ -328,9 +330,10 @@ def _process_and_commit(
                 mirrored = False
                 context.log.warning(f"committed in the group state, mirroring to the stream failed: {exc}")
         state = stats.state
+    if not marks:
+        marks = _watermarks(resource, shards)
     lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
     # A later wave holds shards of the first (a run carries on only with its own): their partitions exist.
-    shards = [r.shard for r in ranges]
     partitions = _ensure_partitions(context, shards) if wave == 0 else {s: s for s in shards}
     total = sum(records.values())
     attempts = {r.shard: r.attempt for r in ranges}
