@@ -119,6 +119,7 @@ def group_resource(group: str, topic: str, store_url: str | dg.EnvVar) -> KafkaS
         max_wait_s=SETTINGS.max_wait_s,
         max_attempts=SETTINGS.max_attempts,
         after_max_attempts=SETTINGS.after_max_attempts,
+        carry_on_s=SETTINGS.carry_on_s,
     )
 
 

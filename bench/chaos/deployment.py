@@ -58,6 +58,7 @@ class GroupSettings:
     max_wait_s: float = 5.0
     max_attempts: int = 2
     after_max_attempts: str = "park"
+    carry_on_s: float = 0.0
     second_partitions: int = 3
     """The second group's topic (``two_groups``): a few partitions, fewer members than the main group."""
     second_members: int = 2
@@ -156,6 +157,7 @@ class ChaosDeployment:
             "CHAOS_MIN_BACKLOG": str(g.min_backlog),
             "CHAOS_MAX_WAIT_S": f"{g.max_wait_s:g}",
             "CHAOS_MAX_ATTEMPTS": str(g.max_attempts),
+            "CHAOS_CARRY_ON_S": f"{g.carry_on_s:g}",
             "CHAOS_AFTER_MAX_ATTEMPTS": g.after_max_attempts,
             "CHAOS_SECOND_TOPIC": self.second_topic,
             "CHAOS_SECOND_GROUP": self.second_group,

@@ -80,6 +80,8 @@ class ChaosOptions:
     gap_max_s: float = 8.0
     after_max_attempts: str = "park"
     max_records_per_run: int = 200_000
+    carry_on_s: float = 0.0
+    """The groups' ``carry_on_s``: with it, runs carry on across waves while the faults land."""
     kinds: tuple[str, ...] = KINDS
     keep: bool = False
 
@@ -216,6 +218,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         after_max_attempts=options.after_max_attempts,
         max_records_per_run=options.max_records_per_run,
         max_attempts=3,
+        carry_on_s=options.carry_on_s,
     )
     deployment = ChaosDeployment(work, group)
     result: dict[str, Any] = {"messages": 0, "partitions": options.partitions, "seed": options.seed}
@@ -481,6 +484,7 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
     parser.add_argument("--gap-max", type=float, default=8.0, help="seconds between faults, at most")
     parser.add_argument("--after-max-attempts", choices=["park", "dead_letter"], default="park")
     parser.add_argument("--max-records-per-run", type=int, default=200_000)
+    parser.add_argument("--carry-on-s", type=float, default=0.0, help="the groups' carry_on_s (0: a run per wave)")
     parser.add_argument("--kinds", default=",".join(faults.KINDS), help="the fault kinds to draw from, comma-separated")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, records)")
     args = parser.parse_args(argv)
@@ -491,6 +495,8 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
     unknown = sorted(set(kinds) - set(faults.KINDS))
     if unknown or not kinds:
         parser.error(f"--kinds: unknown {unknown}; choose among {', '.join(faults.KINDS)}")
+    if args.carry_on_s < 0:
+        parser.error("--carry-on-s: must be >= 0")
     if args.gap_min < 0 or args.gap_max < args.gap_min:
         parser.error("--gap-min/--gap-max: need 0 <= gap-min <= gap-max")
     return ChaosOptions(
@@ -504,6 +510,7 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
         gap_max_s=args.gap_max,
         after_max_attempts=args.after_max_attempts,
         max_records_per_run=args.max_records_per_run,
+        carry_on_s=args.carry_on_s,
         kinds=kinds,
         keep=args.keep,
     )

@@ -36,6 +36,7 @@ class ChaosSettings(BaseModel):
     max_wait_s: float = Field(default=5.0, ge=0)
     max_attempts: int = Field(default=2, ge=1)
     after_max_attempts: str = Field(default="park", pattern=r"^(park|dead_letter)$")
+    carry_on_s: float = Field(default=0.0, ge=0)
     second_topic: str | None = None
     """The second group's topic: with ``second_group``, the code location holds a second stream asset and its
     member sensors, which run beside the main group's through the whole chaos run."""

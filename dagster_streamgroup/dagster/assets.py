@@ -9,9 +9,9 @@ make the run fail after its commit (metadata Dagster rejects, for example) is ch
 committed range always gets its materialization. A run without a member (a backfill) re-processes its
 ranges and commits nothing.
 
-With ``carry_on_s``, a run that committed takes its shards' next ranges in the same state write
-(``protocol.commit_and_carry_on``) and processes them as its next wave: one Dagster run and one Spark session
-over several waves, each wave's ranges committed and materialized before the next is read.
+With ``carry_on_s``, a run that committed takes its shards' next ranges (``protocol.carry_on``) and processes them
+as its next wave: one Dagster run and one Spark session over several waves, each wave's ranges committed and
+materialized before the next is read.
 """
 
 import contextlib
@@ -240,12 +240,12 @@ def run_ranges(
     wave = 0
     with heartbeat or contextlib.nullcontext():
         while True:
-            carry = time.monotonic() < carry_until
-            launches, lags, state = yield from _process_and_commit(
-                context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave, carry
+            marks, state = yield from _process_and_commit(
+                context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave
             )
-            if carry and not launches and member is not None and config.run_key is not None:
-                launches = _wait_for_a_wave(resource, member, config.run_key, [r.shard for r in ranges], carry_until)
+            launches: list[Launch] = []
+            if member is not None and config.run_key is not None and marks and time.monotonic() < carry_until:
+                launches = _next_wave(resource, member, config.run_key, marks, carry_until)
             if not launches:
                 break
             ranges = [
@@ -257,6 +257,7 @@ def run_ranges(
             heartbeat.follow(reports)
             wave += 1
             context.log.info(f"{resource.group}: carries on with wave {wave}: {_describe(ranges)}")
+    lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
     yield lag_check_result(asset_key, lags, resource.lag_alert_records)
     if state is None:
         state, _ = resource.store().load(resource.state_key())
@@ -274,10 +275,9 @@ def _process_and_commit(
     reports: list[RangeReport] | None,
     member: GroupMember | None,
     wave: int,
-    carry: bool,
-) -> Generator[dg.AssetMaterialization, None, tuple[list[Launch], dict[str, int], GroupState | None]]:
-    """One wave: read, call the stream function, commit (and, with ``carry``, take the next ranges), materialize.
-    Returns the next wave's ranges (none: the run ends), the shards' lag and the state the commit left."""
+) -> Generator[dg.AssetMaterialization, None, tuple[dict[str, Watermarks], GroupState | None]]:
+    """One wave: read, call the stream function, commit, materialize. Returns the shards' watermarks read after the
+    commit (none when the stream did not answer) and the state the commit left."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
@@ -304,14 +304,8 @@ def _process_and_commit(
     state: GroupState | None = None
     mirrored = True
     shards = [r.shard for r in ranges]
-    # Read before the commit only when the commit also plans the next wave: a commit waits for nobody otherwise.
-    marks = _watermarks(resource, shards) if carry and member is not None and reports else {}
-    launches: list[Launch] = []
     if member is not None and reports:
-        if carry and marks:
-            outcome, stats, launches = member.commit_run_and_carry_on(reports, marks)
-        else:
-            outcome, stats = member.commit_run_state_only(reports)
+        outcome, stats = member.commit_run_state_only(reports)
         if not outcome.accepted:
             refusals = outcome.refusals
             raise CommitRefusedError(
@@ -330,8 +324,7 @@ def _process_and_commit(
                 mirrored = False
                 context.log.warning(f"committed in the group state, mirroring to the stream failed: {exc}")
         state = stats.state
-    if not marks:
-        marks = _watermarks(resource, shards)
+    marks = _watermarks(resource, shards)
     lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
     # A later wave holds shards of the first (a run carries on only with its own): their partitions exist.
     partitions = _ensure_partitions(context, shards) if wave == 0 else {s: s for s in shards}
@@ -368,41 +361,47 @@ def _process_and_commit(
             metadata["lag"] = dg.MetadataValue.int(lag)
         metadata.update(user_metadata)
         yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
-    return launches, lags, state
+    return marks, state
 
 
 CARRY_ON_POLL_S = 1.0
 """How often a run that committed looks for its next wave's records while fewer than ``min_backlog`` wait."""
 
 
-def _wait_for_a_wave(
-    resource: StreamGroupResource, member: GroupMember, run_key: str, shards: Sequence[str], carry_until: float
+def _next_wave(
+    resource: StreamGroupResource,
+    member: GroupMember,
+    run_key: str,
+    marks: Mapping[str, Watermarks],
+    carry_until: float,
 ) -> list[Launch]:
-    """The next wave of a run that committed while fewer than ``min_backlog`` records waited: planned as soon as
-    they do, or once they have waited ``max_wait_s`` (as the member's tick would plan them, which the run's more
-    frequent look usually beats), within ``carry_on_s``. None when that passes with nothing to read, or the
-    shards moved on (a tick planned them first, a rebalance handed them over, the member left)."""
+    """The next ranges of a run that committed (``protocol.carry_on``; ``marks``: its shards' watermarks, read after
+    the commit): at once if ``min_backlog`` records wait, else as soon as they do, or once they have waited
+    ``max_wait_s`` (as the member's tick would plan them, which the run's more frequent look usually beats), within
+    ``carry_on_s``. None when that passes with nothing to read, or the shards moved on (a tick planned them first,
+    a rebalance handed them over, the member left)."""
     deadline = min(carry_until, time.monotonic() + resource.max_wait_s + CARRY_ON_POLL_S)
-    while time.monotonic() + CARRY_ON_POLL_S < deadline:
+    shards = list(marks)
+    while True:
+        if marks:
+            try:
+                launches, state = member.carry_on(run_key, shards, marks)
+            except ContentionError:
+                return []  # the state kept changing under the run: its member's ticks plan the shards' next ranges
+            if launches:
+                return launches
+            if state is None or not any(
+                (shard := state.shards.get(s)) is not None
+                and shard.owner == member.member_id
+                and shard.inflight is None
+                and shard.parked is None
+                for s in shards
+            ):
+                return []
+        if time.monotonic() + CARRY_ON_POLL_S >= deadline:
+            return []
         time.sleep(CARRY_ON_POLL_S)
         marks = _watermarks(resource, shards)
-        if not marks:
-            continue
-        try:
-            launches, state = member.carry_on(run_key, shards, marks)
-        except ContentionError:
-            return []  # the state kept changing under the run: its member's ticks plan the shards' next ranges
-        if launches:
-            return launches
-        if state is None or not any(
-            (shard := state.shards.get(s)) is not None
-            and shard.owner == member.member_id
-            and shard.inflight is None
-            and shard.parked is None
-            for s in shards
-        ):
-            return []
-    return []
 
 
 def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:

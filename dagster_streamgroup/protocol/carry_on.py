@@ -1,14 +1,15 @@
-"""A run that carries on: its commit and its shards' next ranges in one state write.
+"""A run that carries on: after its commit, its shards' next ranges under its own run key.
 
 A new run for every wave pays a run's fixed costs (Dagster creating and launching it, a process, a Spark
 session) again and again while its shards keep the same owner. A run that committed may instead take the next
-ranges of the shards it still holds, under its own run key, in the same write as the commit: no tick sees the
-shards idle in between, so nobody else plans them, and the orchestrator's run for that key exists already.
+ranges of the shards it still holds, recorded in flight under its own run key: the orchestrator's run for that
+key exists already, so no tick requests it again, and a tick that planned the shards first (they are idle between
+the commit and this write) simply wins the compare-and-set, leaving the run nothing to carry on with.
 
 It is the tick's own planning, limited to the run's shards: the commit is the safe point where a member above
-its fair share releases shards (``rebalance``), so a member that joined gets its share while runs carry on;
-while fewer than ``min_backlog`` records wait, the run waits for them as a tick would (``carry_on``, called again
-until ``max_wait_s`` has passed); a member that left or is about to be evicted carries nothing on.
+its fair share releases shards (``rebalance``), so a member that joined gets its share while runs carry on; while
+fewer than ``min_backlog`` records wait, nothing is planned and the run may ask again, until ``max_wait_s`` has
+passed as a tick would; a member that left or is about to be evicted carries nothing on.
 """
 
 from __future__ import annotations
@@ -16,34 +17,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from dagster_streamgroup.protocol.assignment import rebalance
-from dagster_streamgroup.protocol.completion import RangeReport, RunCommitOutcome, commit_run
 from dagster_streamgroup.protocol.planning import Launch, Watermark, plan
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import GroupState, InFlight, evolve
-
-
-def commit_and_carry_on(
-    state: GroupState,
-    reports: Sequence[RangeReport],
-    now: float,
-    watermarks: Mapping[str, Watermark],
-    policy: GroupPolicy,
-) -> tuple[GroupState, RunCommitOutcome, list[Launch]]:
-    """Commit ``reports`` (all or none, as ``commit_run``), then plan the next range of each of their shards that
-    the run's member still owns, recorded in flight under the run's key. ``watermarks``: the shards' watermarks,
-    read after the run's records were processed (a shard missing from them is left to the member's ticks)."""
-    state, outcome = commit_run(state, reports)
-    if not outcome.accepted or not reports:
-        return state, outcome, []
-    run_key = reports[0].run_key
-    member_id = reports[0].member_id
-    state = _forget_recorded_waves(state, reports)
-    carried = _already_carried(state, reports)
-    if carried:
-        # This commit was written before (a write whose answer was lost, retried): so were its next ranges.
-        return state, outcome, carried
-    state, launches = carry_on(state, member_id, run_key, {r.shard for r in reports}, now, watermarks, policy)
-    return state, outcome, launches
 
 
 def carry_on(
@@ -55,11 +31,12 @@ def carry_on(
     watermarks: Mapping[str, Watermark],
     policy: GroupPolicy,
 ) -> tuple[GroupState, list[Launch]]:
-    """The next ranges of ``shards`` under ``run_key``, planned as ``member_id``'s tick would plan them, for a run
-    that committed and waits for its next wave (called again while fewer than ``min_backlog`` records wait: the
-    first call starts the shards' ``max_wait_s``, as a tick's does). A shard another run holds by now, or that
-    moved, is not planned; a member that left, or has not heartbeated for a session timeout less a heartbeat,
-    plans nothing. Changes nothing (the same object) when nothing is to be done."""
+    """The next ranges of ``shards`` for the run ``run_key`` of ``member_id``, which committed their ranges, planned
+    as the member's tick would plan them and recorded in flight under ``run_key``. ``watermarks``: the shards'
+    watermarks, read after the commit (a shard missing from them is left to the member's ticks). A shard another
+    run holds by now, or that moved, is not planned; a member that left, or has not heartbeated for a session
+    timeout less a heartbeat, plans nothing. Changes nothing (the same object) when nothing is to be done."""
+    state = _forget_recorded_waves(state, run_key)
     member = state.members.get(member_id)
     if member is None or now - member.heartbeat > policy.session_timeout_s - policy.heartbeat_interval_s:
         return state, []
@@ -68,41 +45,21 @@ def carry_on(
     return _under_key(state, launches, run_key), [x.model_copy(update={"run_key": run_key}) for x in launches]
 
 
-def _forget_recorded_waves(state: GroupState, reports: Sequence[RangeReport]) -> GroupState:
-    """The run's unrecorded entry keeps this wave's ranges and the wave's before, no earlier ones: a run records a
-    wave's materializations before it reads the next, so what came before the wave before is recorded, and the
-    entry of a run that carries on for hours stays two waves long."""
-    entry = state.unrecorded_runs.get(reports[0].run_key)
+def _forget_recorded_waves(state: GroupState, run_key: str) -> GroupState:
+    """The run's unrecorded entry keeps each shard's last two ranges, no earlier ones: a run records a wave's
+    materializations before it reads the next, so what came before the wave before is recorded, and the entry of
+    a run that carries on for hours stays two waves long."""
+    entry = state.unrecorded_runs.get(run_key)
     if entry is None:
         return state
-    now = {(r.shard, r.start) for r in reports}
-    before = {(r.shard, r.start) for r in reports}  # a range of the wave before ends where this wave's starts
-    kept = tuple(r for r in entry.ranges if (r[0], r[1]) in now or (r[0], r[2]) in before)
+    last: dict[str, tuple[int, int]] = {}
+    for shard, start, end in entry.ranges:
+        if end > last.get(shard, (-1, -1))[1]:
+            last[shard] = (start, end)
+    kept = tuple(r for r in entry.ranges if r[2] in (last[r[0]][0], last[r[0]][1]))
     if kept == entry.ranges:
         return state
-    return state.model_copy(
-        update={"unrecorded_runs": {**state.unrecorded_runs, reports[0].run_key: evolve(entry, ranges=kept)}}
-    )
-
-
-def _already_carried(state: GroupState, reports: Sequence[RangeReport]) -> list[Launch]:
-    launches = []
-    for report in reports:
-        inflight = state.shards[report.shard].inflight
-        if inflight is not None and inflight.run_key == report.run_key and inflight.start == report.end:
-            launches.append(
-                Launch(
-                    group=state.group,
-                    shard=report.shard,
-                    start=inflight.start,
-                    end=inflight.end,
-                    attempt=inflight.attempt,
-                    epoch=inflight.epoch,
-                    member_id=inflight.member_id,
-                    run_key=inflight.run_key,
-                )
-            )
-    return launches
+    return state.model_copy(update={"unrecorded_runs": {**state.unrecorded_runs, run_key: evolve(entry, ranges=kept)}})
 
 
 def _under_key(state: GroupState, launches: Sequence[Launch], run_key: str) -> GroupState:

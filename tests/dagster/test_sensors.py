@@ -316,8 +316,8 @@ def test_a_run_that_carried_on_and_died_has_only_its_unrecorded_waves_recorded_b
         instance.add_dynamic_partitions(sgt.partitions_def_name(group), shards)
         member = resource.member(driver.member_id)
         first = protocol.inflight_launches(member.load() or pytest.fail("no state"), driver.member_id)
-        marks = resource.backend().watermarks(shards)
-        outcome, _, second = member.commit_run_and_carry_on([protocol.report_of(x) for x in first], marks)
+        outcome, _ = member.commit_run_state_only([protocol.report_of(x) for x in first])
+        second, _ = member.carry_on(first[0].run_key, shards, resource.backend().watermarks(shards))
         assert outcome.accepted and [(x.start, x.end) for x in second] == [(100, 200), (100, 200)]
         run = create_run_for_test(
             instance,

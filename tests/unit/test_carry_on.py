@@ -1,4 +1,4 @@
-"""A run that carries on: its commit and its shards' next ranges in one write, under its own run key."""
+"""A run that carries on: after its commit, its shards' next ranges under its own run key."""
 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.protocol import GroupState, Launch, Watermark
@@ -9,15 +9,23 @@ def first_run(state: GroupState, member: str, now: float = 5.0) -> tuple[GroupSt
     return protocol.plan(state, member, now, marks(state, high=250), POLICY)
 
 
+def commit_and_carry_on(
+    state: GroupState, launches: list[Launch], now: float, high: int = 250
+) -> tuple[GroupState, list[Launch]]:
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted
+    shards = [x.shard for x in launches]
+    return protocol.carry_on(
+        state, launches[0].member_id, launches[0].run_key, shards, now, marks(state, high=high), POLICY
+    )
+
+
 def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> None:
     state, launches = first_run(balanced_start(2, ("a",)), "a")
     key = launches[0].run_key
     assert [(x.shard, x.start, x.end) for x in launches] == [("s0", 0, 50), ("s1", 0, 50)]
 
-    state, outcome, carried = protocol.commit_and_carry_on(
-        state, [report(x) for x in launches], 6.0, marks(state, high=250), POLICY
-    )
-    assert outcome.accepted
+    state, carried = commit_and_carry_on(state, launches, 6.0)
     assert [(x.shard, x.start, x.end, x.run_key) for x in carried] == [("s0", 50, 100, key), ("s1", 50, 100, key)]
     for launch in carried:
         shard = state.shards[launch.shard]
@@ -27,11 +35,9 @@ def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> Non
     assert {x.run_key for x in protocol.inflight_launches(state, "a")} == {key}
     _, planned = protocol.plan(state, "a", 6.5, marks(state, high=250), POLICY)
     assert planned == []
-    # The next wave commits like the first, and the commit of a wave already committed is not applied again.
-    state, outcome, carried_again = protocol.commit_and_carry_on(
-        state, [report(x) for x in carried], 7.0, marks(state, high=250), POLICY
-    )
-    assert outcome.accepted and [(x.start, x.end) for x in carried_again] == [(100, 150), (100, 150)]
+    # The next wave commits like the first.
+    state, carried_again = commit_and_carry_on(state, carried, 7.0)
+    assert [(x.start, x.end) for x in carried_again] == [(100, 150), (100, 150)]
     assert [r for r in state.unrecorded_runs[key].ranges] == [
         ("s0", 0, 50),
         ("s1", 0, 50),
@@ -39,10 +45,8 @@ def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> Non
         ("s1", 50, 100),
     ]
     # The run recorded a wave's materializations before it read the next: its entry keeps the last two waves.
-    state, outcome, _ = protocol.commit_and_carry_on(
-        state, [report(x) for x in carried_again], 8.0, marks(state, high=250), POLICY
-    )
-    assert outcome.accepted and [r for r in state.unrecorded_runs[key].ranges] == [
+    state, _ = commit_and_carry_on(state, carried_again, 8.0)
+    assert [r for r in state.unrecorded_runs[key].ranges] == [
         ("s0", 50, 100),
         ("s1", 50, 100),
         ("s0", 100, 150),
@@ -50,61 +54,38 @@ def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> Non
     ]
 
 
-def test_a_replayed_write_returns_the_ranges_it_already_took() -> None:
-    """A commit whose write landed but whose answer was lost is retried on the state it left: the next ranges
-    are those that write took, not none (they would stay in flight under a run that ended)."""
-    state, launches = first_run(balanced_start(1, ("a",)), "a")
-    reports = [report(x) for x in launches]
-    state, _, carried = protocol.commit_and_carry_on(state, reports, 6.0, marks(state, high=250), POLICY)
-    again, outcome, replayed = protocol.commit_and_carry_on(state, reports, 6.1, marks(state, high=400), POLICY)
-    assert outcome.accepted and all(o.already_committed for o in outcome.outcomes.values())
-    assert replayed == carried and again.shards == state.shards
-
-
 def test_nothing_is_carried_on_without_a_backlog_worth_a_run() -> None:
     waits = policy_with(heartbeat_interval_s=5, session_timeout_s=20, max_records_per_run=100, min_backlog=500)
     state, launches = protocol.plan(
         balanced_start(1, ("a",), waits), "a", 5.0, {"s0": Watermark(low=0, high=600)}, waits
     )
-    state, outcome, carried = protocol.commit_and_carry_on(
-        state, [report(x) for x in launches], 6.0, {"s0": Watermark(low=0, high=550)}, waits
+    state, _ = protocol.commit_run(state, [report(x) for x in launches])
+    state, carried = protocol.carry_on(
+        state, "a", launches[0].run_key, ["s0"], 6.0, {"s0": Watermark(low=0, high=550)}, waits
     )
-    assert outcome.accepted and carried == []
+    assert carried == []
     assert state.shards["s0"].inflight is None and state.shards["s0"].committed == 100
-
-
-def test_a_refused_commit_carries_nothing_on_and_changes_nothing() -> None:
-    state, launches = first_run(balanced_start(1, ("a",)), "a")
-    moved = protocol.leave(state, "a", 5.5)
-    moved = protocol.heartbeat(moved, "b", 5.5)
-    stale = launches[0].model_copy(update={"start": 10})
-    after, outcome, carried = protocol.commit_and_carry_on(moved, [report(stale)], 6.0, marks(moved), POLICY)
-    assert not outcome.accepted and carried == [] and after is moved
 
 
 def test_a_member_that_left_or_is_about_to_be_evicted_carries_nothing_on() -> None:
     state, launches = first_run(balanced_start(1, ("a",)), "a")
+    key = launches[0].run_key
     left = protocol.leave(state, "a", 5.5)
-    after, outcome, carried = protocol.commit_and_carry_on(
-        left, [report(x) for x in launches], 6.0, marks(left), POLICY
-    )
-    assert outcome.accepted and carried == []
-    assert after.shards["s0"].owner is None, "a departed member's shard goes back to the pool once its run commits"
+    left, outcome = protocol.commit_run(left, [report(x) for x in launches])
+    assert outcome.accepted and left.shards["s0"].owner is None, "a departed member's shard goes back to the pool"
+    after, carried = protocol.carry_on(left, "a", key, ["s0"], 6.0, marks(left), POLICY)
+    assert carried == [] and after.shards["s0"].inflight is None
     # Silent since t=0: at t=16 a tick evicts it within one heartbeat, so its run stops at this commit.
-    after, outcome, carried = protocol.commit_and_carry_on(
-        state, [report(x) for x in launches], 16.0, marks(state), POLICY
-    )
-    assert outcome.accepted and carried == [] and after.shards["s0"].inflight is None
+    state, _ = protocol.commit_run(state, [report(x) for x in launches])
+    after, carried = protocol.carry_on(state, "a", key, ["s0"], 16.0, marks(state), POLICY)
+    assert carried == [] and after.shards["s0"].inflight is None
 
 
 def test_a_member_above_its_fair_share_releases_shards_at_the_commit_and_carries_on_with_the_rest() -> None:
     state, launches = first_run(balanced_start(4, ("a",)), "a")
     assert len(launches) == 4
     state = protocol.heartbeat(state, "b", 1.0)  # b joined, its grace is over at 6
-    state, outcome, carried = protocol.commit_and_carry_on(
-        state, [report(x) for x in launches], 7.0, marks(state, high=250), POLICY
-    )
-    assert outcome.accepted
+    state, carried = commit_and_carry_on(state, launches, 7.0)
     mine = sorted(sid for sid, s in state.shards.items() if s.owner == "a")
     assert len(mine) == 2 and sorted(x.shard for x in carried) == mine
     theirs = [s for s in state.shards.values() if s.owner == "b"]
@@ -118,7 +99,8 @@ def test_a_run_that_waits_for_its_next_wave_gets_it_once_a_wave_s_worth_waits_un
     state, launches = protocol.plan(start, "a", 5.0, high, waits)
     assert [(x.start, x.end) for x in launches] == [(0, 500), (0, 500)]
     key = launches[0].run_key
-    state, _, carried = protocol.commit_and_carry_on(state, [report(x) for x in launches], 6.0, high, waits)
+    state, _ = protocol.commit_run(state, [report(x) for x in launches])
+    state, carried = protocol.carry_on(state, "a", key, ["s0", "s1"], 6.0, high, waits)
     assert carried == [] and all(s.backlog_since == 6.0 for s in state.shards.values()), "its max_wait_s starts"
     again, carried = protocol.carry_on(state, "a", key, ["s0", "s1"], 7.0, high, waits)
     assert carried == [] and again is state, "nothing to do is no write"
