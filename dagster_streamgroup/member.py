@@ -316,12 +316,33 @@ class GroupMember:
 
         return update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
 
+    def commit_run_and_carry_on(
+        self, reports: Sequence[RangeReport], marks: Mapping[str, Watermarks]
+    ) -> tuple[RunCommitOutcome, CasStats, list[Launch]]:
+        """The fenced commit of a finished run (as ``commit_run_state_only``) and, in the same write, the next
+        ranges of its shards under its run key (``protocol.commit_and_carry_on``); ``marks``: the shards'
+        watermarks read after the run processed its records."""
+        watermarks = _positioned(marks)
+
+        def transition(
+            current: GroupState | None, now: float
+        ) -> tuple[GroupState | None, tuple[RunCommitOutcome, list[Launch]]]:
+            if current is None:
+                refused = CommitOutcome(
+                    accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
+                )
+                return None, (RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports}), [])
+            state, outcome, launches = protocol.commit_and_carry_on(current, reports, now, watermarks, self.policy)
+            return state, (outcome, launches)
+
+        (outcome, launches), stats = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
+        return outcome, stats, launches
+
     def carry_on(
         self, run_key: str, shards: Collection[str], marks: Mapping[str, Watermarks]
     ) -> tuple[list[Launch], GroupState | None]:
-        """The next ranges of ``shards`` for the run ``run_key``, which committed their ranges
-        (``protocol.carry_on``); also the state as this call left it. ``marks``: the shards' watermarks, read
-        after the commit."""
+        """The next ranges of ``shards`` for the run ``run_key``, which committed their ranges and waits for a
+        wave's worth of records (``protocol.carry_on``); also the state as this call left it."""
         watermarks = _positioned(marks)
 
         def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, list[Launch]]:

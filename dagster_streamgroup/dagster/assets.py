@@ -240,12 +240,11 @@ def run_ranges(
     wave = 0
     with heartbeat or contextlib.nullcontext():
         while True:
-            marks, state = yield from _process_and_commit(
-                context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave
+            marks, state, launches, carrying = yield from _process_and_commit(
+                context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave, carry_until
             )
-            launches: list[Launch] = []
-            if member is not None and config.run_key is not None and marks and time.monotonic() < carry_until:
-                launches = _next_wave(resource, member, config.run_key, marks, carry_until)
+            if carrying and not launches and member is not None and config.run_key is not None:
+                launches = _wait_for_a_wave(resource, member, config.run_key, list(marks), carry_until)
             if not launches:
                 break
             ranges = [
@@ -275,9 +274,12 @@ def _process_and_commit(
     reports: list[RangeReport] | None,
     member: GroupMember | None,
     wave: int,
-) -> Generator[dg.AssetMaterialization, None, tuple[dict[str, Watermarks], GroupState | None]]:
-    """One wave: read, call the stream function, commit, materialize. Returns the shards' watermarks read after the
-    commit (none when the stream did not answer) and the state the commit left."""
+    carry_until: float,
+) -> Generator[dg.AssetMaterialization, None, tuple[dict[str, Watermarks], GroupState | None, list[Launch], bool]]:
+    """One wave: read, call the stream function, commit, materialize. Before ``carry_until``, the commit also
+    plans the shards' next wave, in the same state write (``protocol.commit_and_carry_on``), with their watermarks
+    read just before it. Returns the watermarks (none when the stream did not answer), the state the commit left,
+    the next wave's ranges, and whether the commit planned (whatever it found to plan)."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
@@ -304,8 +306,15 @@ def _process_and_commit(
     state: GroupState | None = None
     mirrored = True
     shards = [r.shard for r in ranges]
+    carrying = member is not None and bool(reports) and time.monotonic() < carry_until
+    marks = _watermarks(resource, shards) if carrying else {}
+    carrying = carrying and bool(marks)
+    launches: list[Launch] = []
     if member is not None and reports:
-        outcome, stats = member.commit_run_state_only(reports)
+        if carrying:
+            outcome, stats, launches = member.commit_run_and_carry_on(reports, marks)
+        else:
+            outcome, stats = member.commit_run_state_only(reports)
         if not outcome.accepted:
             refusals = outcome.refusals
             raise CommitRefusedError(
@@ -324,7 +333,8 @@ def _process_and_commit(
                 mirrored = False
                 context.log.warning(f"committed in the group state, mirroring to the stream failed: {exc}")
         state = stats.state
-    marks = _watermarks(resource, shards)
+    if not marks:
+        marks = _watermarks(resource, shards)
     lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
     # A later wave holds shards of the first (a run carries on only with its own): their partitions exist.
     partitions = _ensure_partitions(context, shards) if wave == 0 else {s: s for s in shards}
@@ -361,47 +371,41 @@ def _process_and_commit(
             metadata["lag"] = dg.MetadataValue.int(lag)
         metadata.update(user_metadata)
         yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
-    return marks, state
+    return marks, state, launches, carrying
 
 
 CARRY_ON_POLL_S = 1.0
 """How often a run that committed looks for its next wave's records while fewer than ``min_backlog`` wait."""
 
 
-def _next_wave(
-    resource: StreamGroupResource,
-    member: GroupMember,
-    run_key: str,
-    marks: Mapping[str, Watermarks],
-    carry_until: float,
+def _wait_for_a_wave(
+    resource: StreamGroupResource, member: GroupMember, run_key: str, shards: Sequence[str], carry_until: float
 ) -> list[Launch]:
-    """The next ranges of a run that committed (``protocol.carry_on``; ``marks``: its shards' watermarks, read after
-    the commit): at once if ``min_backlog`` records wait, else as soon as they do, or once they have waited
-    ``max_wait_s`` (as the member's tick would plan them, which the run's more frequent look usually beats), within
-    ``carry_on_s``. None when that passes with nothing to read, or the shards moved on (a tick planned them first,
-    a rebalance handed them over, the member left)."""
+    """The next wave of a run whose commit found fewer than ``min_backlog`` records to plan: planned as soon as they
+    wait, or once they have waited ``max_wait_s`` (as the member's tick would plan them, which the run's more
+    frequent look usually beats), within ``carry_on_s``. None when that passes with nothing to read, or the shards
+    moved on (a tick planned them first, a rebalance handed them over, the member left)."""
     deadline = min(carry_until, time.monotonic() + resource.max_wait_s + CARRY_ON_POLL_S)
-    shards = list(marks)
-    while True:
-        if marks:
-            try:
-                launches, state = member.carry_on(run_key, shards, marks)
-            except ContentionError:
-                return []  # the state kept changing under the run: its member's ticks plan the shards' next ranges
-            if launches:
-                return launches
-            if state is None or not any(
-                (shard := state.shards.get(s)) is not None
-                and shard.owner == member.member_id
-                and shard.inflight is None
-                and shard.parked is None
-                for s in shards
-            ):
-                return []
-        if time.monotonic() + CARRY_ON_POLL_S >= deadline:
-            return []
+    while time.monotonic() + CARRY_ON_POLL_S < deadline:
         time.sleep(CARRY_ON_POLL_S)
         marks = _watermarks(resource, shards)
+        if not marks:
+            continue
+        try:
+            launches, state = member.carry_on(run_key, shards, marks)
+        except ContentionError:
+            return []  # the state kept changing under the run: its member's ticks plan the shards' next ranges
+        if launches:
+            return launches
+        if state is None or not any(
+            (shard := state.shards.get(s)) is not None
+            and shard.owner == member.member_id
+            and shard.inflight is None
+            and shard.parked is None
+            for s in shards
+        ):
+            return []
+    return []
 
 
 def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:

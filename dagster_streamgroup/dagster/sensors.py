@@ -418,7 +418,8 @@ def _cancel_fenced_queued_runs(instance: dg.DagsterInstance, member_id: str, in_
 def _settle_ended_runs(
     member: GroupMember, instance: dg.DagsterInstance, state: GroupState, member_id: str
 ) -> list[str]:
-    """A run that crashed or was cancelled cannot report its failure: report it, so its ranges are retried. A run
+    """A run that crashed or was cancelled cannot report its failure: report it, so its ranges are retried (and a
+    run that ended holding ranges, whatever its status: they were never committed). A run
     whose launch raised (tagged by the coordinator or the launcher, never started) read nothing: its ranges are
     relaunched after a backoff without counting an attempt."""
     runs = protocol.runs_of(protocol.inflight_launches(state, member_id))
@@ -427,7 +428,10 @@ def _settle_ended_runs(
     by_key = {sgt.dagster_run_key(launches): launches for launches in runs.values()}
     records = instance.get_run_records(
         dg.RunsFilter(
-            tags={"dagster/run_key": list(by_key), sgt.TAG_MEMBER: member_id}, statuses=list(ENDED_UNREPORTED)
+            # A run that succeeded holds nothing in flight (it ends after a commit that planned no next wave): one
+            # that still does ended without reporting too.
+            tags={"dagster/run_key": list(by_key), sgt.TAG_MEMBER: member_id},
+            statuses=list(ENDED),
         )
     )
     notes = []

@@ -1,7 +1,7 @@
 """The consumer-group protocol: pure transitions over ``GroupState``. No I/O, no clock, no randomness."""
 
 from dagster_streamgroup.protocol.assignment import is_draining, quotas, rebalance
-from dagster_streamgroup.protocol.carry_on import carry_on
+from dagster_streamgroup.protocol.carry_on import carry_on, commit_and_carry_on
 from dagster_streamgroup.protocol.codec import (
     ForeignStateError,
     NewerSchemaError,
@@ -85,6 +85,7 @@ __all__ = [
     "carry_over",
     "checks_unrecorded",
     "commit",
+    "commit_and_carry_on",
     "commit_run",
     "confirm_recorded",
     "decode_state",

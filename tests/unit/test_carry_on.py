@@ -12,12 +12,11 @@ def first_run(state: GroupState, member: str, now: float = 5.0) -> tuple[GroupSt
 def commit_and_carry_on(
     state: GroupState, launches: list[Launch], now: float, high: int = 250
 ) -> tuple[GroupState, list[Launch]]:
-    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
-    assert outcome.accepted
-    shards = [x.shard for x in launches]
-    return protocol.carry_on(
-        state, launches[0].member_id, launches[0].run_key, shards, now, marks(state, high=high), POLICY
+    state, outcome, carried = protocol.commit_and_carry_on(
+        state, [report(x) for x in launches], now, marks(state, high=high), POLICY
     )
+    assert outcome.accepted
+    return state, carried
 
 
 def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> None:
@@ -52,6 +51,26 @@ def test_a_committed_run_takes_its_shards_next_ranges_under_its_own_key() -> Non
         ("s0", 100, 150),
         ("s1", 100, 150),
     ]
+
+
+def test_a_replayed_write_returns_the_ranges_it_already_took() -> None:
+    """A commit whose write landed but whose answer was lost is retried on the state it left: the next ranges
+    are those that write took, not none (they would stay in flight under a run that ended)."""
+    state, launches = first_run(balanced_start(1, ("a",)), "a")
+    reports = [report(x) for x in launches]
+    state, _, carried = protocol.commit_and_carry_on(state, reports, 6.0, marks(state, high=250), POLICY)
+    again, outcome, replayed = protocol.commit_and_carry_on(state, reports, 6.1, marks(state, high=400), POLICY)
+    assert outcome.accepted and all(o.already_committed for o in outcome.outcomes.values())
+    assert replayed == carried and again.shards == state.shards
+
+
+def test_a_refused_commit_carries_nothing_on_and_changes_nothing() -> None:
+    state, launches = first_run(balanced_start(1, ("a",)), "a")
+    moved = protocol.leave(state, "a", 5.5)
+    moved = protocol.heartbeat(moved, "b", 5.5)
+    stale = launches[0].model_copy(update={"start": 10})
+    after, outcome, carried = protocol.commit_and_carry_on(moved, [report(stale)], 6.0, marks(moved), POLICY)
+    assert not outcome.accepted and carried == [] and after is moved
 
 
 def test_nothing_is_carried_on_without_a_backlog_worth_a_run() -> None:
