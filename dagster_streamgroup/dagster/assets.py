@@ -9,9 +9,9 @@ make the run fail after its commit (metadata Dagster rejects, for example) is ch
 committed range always gets its materialization. A run without a member (a backfill) re-processes its
 ranges and commits nothing.
 
-With ``carry_on_s``, a run that committed takes its shards' next ranges (``protocol.carry_on``) and processes them
-as its next wave: one Dagster run and one Spark session over several waves, each wave's ranges committed and
-materialized before the next is read.
+With ``carry_on_s``, a run's commit also takes its shards' next ranges, in the same state write
+(``protocol.commit_and_carry_on``), and the run processes them as its next wave: one Dagster run and one Spark
+session over several waves, each wave's ranges committed and materialized before the next is read.
 """
 
 import contextlib
