@@ -149,6 +149,14 @@ class TickReport:
         return out
 
 
+def _refused_without_state(reports: Sequence[RangeReport]) -> RunCommitOutcome:
+    """A run's commit where the group has no state (it was deleted or never written): refused for every range."""
+    refused = CommitOutcome(
+        accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
+    )
+    return RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports})
+
+
 def _positioned(marks: Mapping[str, Watermarks]) -> dict[str, Watermark]:
     """The watermarks ``plan`` needs of shards already positioned (a run's own)."""
     return {shard: Watermark(low=m.low, high=m.high, uncommitted_high=m.uncommitted_high) for shard, m in marks.items()}
@@ -308,10 +316,7 @@ class GroupMember:
     def commit_run_state_only(self, reports: Sequence[RangeReport]) -> tuple[RunCommitOutcome, CasStats]:
         def transition(current: GroupState | None, _now: float) -> tuple[GroupState | None, RunCommitOutcome]:
             if current is None:
-                refused = CommitOutcome(
-                    accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
-                )
-                return None, RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports})
+                return None, _refused_without_state(reports)
             return protocol.commit_run(current, reports)
 
         return update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
@@ -328,10 +333,7 @@ class GroupMember:
             current: GroupState | None, now: float
         ) -> tuple[GroupState | None, tuple[RunCommitOutcome, list[Launch]]]:
             if current is None:
-                refused = CommitOutcome(
-                    accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
-                )
-                return None, (RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports}), [])
+                return None, (_refused_without_state(reports), [])
             state, outcome, launches = protocol.commit_and_carry_on(current, reports, now, watermarks, self.policy)
             return state, (outcome, launches)
 

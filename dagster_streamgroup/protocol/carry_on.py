@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from dagster_streamgroup.protocol.assignment import rebalance
 from dagster_streamgroup.protocol.completion import RangeReport, RunCommitOutcome, commit_run
-from dagster_streamgroup.protocol.planning import Launch, Watermark, plan
+from dagster_streamgroup.protocol.planning import Launch, Watermark, inflight_launches, plan
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import GroupState, InFlight, evolve
 
@@ -87,23 +87,9 @@ def _forget_recorded_waves(state: GroupState, run_key: str) -> GroupState:
 
 
 def _already_carried(state: GroupState, reports: Sequence[RangeReport]) -> list[Launch]:
-    launches = []
-    for report in reports:
-        inflight = state.shards[report.shard].inflight
-        if inflight is not None and inflight.run_key == report.run_key and inflight.start == report.end:
-            launches.append(
-                Launch(
-                    group=state.group,
-                    shard=report.shard,
-                    start=inflight.start,
-                    end=inflight.end,
-                    attempt=inflight.attempt,
-                    epoch=inflight.epoch,
-                    member_id=inflight.member_id,
-                    run_key=inflight.run_key,
-                )
-            )
-    return launches
+    """The ranges in flight under the run's key that start where its reports end: taken by an earlier write."""
+    ends = {(r.shard, r.run_key): r.end for r in reports}
+    return [x for x in inflight_launches(state, reports[0].member_id) if ends.get((x.shard, x.run_key)) == x.start]
 
 
 def _under_key(state: GroupState, launches: Sequence[Launch], run_key: str) -> GroupState:
