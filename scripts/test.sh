@@ -38,9 +38,8 @@ if [ $# -gt 0 ]; then
 fi
 echo "test: pytest"
 .venv/bin/pytest -m "not spark_connect and not own_process"
-# The secrets search over a whole deployment, in a process of its own: run after the rest of the suite in one
-# process it twice waited in vain for the run that the rotated SASL password refuses (alone it passes; the cause
-# in the shared process is not found yet).
+# The secrets search over a whole deployment, in a process of its own (a whole deployment with its own broker,
+# Connect server and PostgreSQL role, about 3 minutes).
 echo "test: pytest, the tests that run in a process of their own"
 .venv/bin/pytest -m "own_process and not spark_connect"
 # PySpark allows no Spark Connect session in a process that runs a classic one, as the tests above do.
