@@ -145,13 +145,19 @@ class DagsterDev:
             out.append({"partition": m["partition"], "runId": m["runId"], **meta})
         return out
 
-    def stop_sensor(self, name: str, location: str = "clickstream") -> None:
+    def sensor(self, name: str, fields: str, location: str = "clickstream") -> dict[str, Any]:
+        """``fields`` of the sensor ``name`` (a GraphQL selection on ``Sensor``)."""
         data = self.graphql(
-            """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
-                 ... on Sensor { jobOriginId sensorState { selectorId status } } } }""",
+            f"""query($s: SensorSelector!) {{ sensorOrError(sensorSelector: $s) {{ __typename
+                 ... on Sensor {{ {fields} }} }} }}""",
             {"s": {"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": name}},
         )
         sensor = data["sensorOrError"]
+        assert isinstance(sensor, dict)
+        return sensor
+
+    def stop_sensor(self, name: str, location: str = "clickstream") -> None:
+        sensor = self.sensor(name, "jobOriginId sensorState { selectorId status }", location)
         result = self.graphql(
             """mutation($o: String!, $s: String!) { stopSensor(jobOriginId: $o, jobSelectorId: $s) { __typename
                  ... on StopSensorMutationResult { instigationState { status } } ... on PythonError { message } } }""",

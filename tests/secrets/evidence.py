@@ -25,6 +25,7 @@ from psycopg import sql
 from dagster_streamgroup.dagster.devserver import DagsterDev
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.protocol.codec import encode_state
+from dagster_streamgroup.protocol.state import GroupState
 from tests.secrets.leaks import Evidence
 
 ERROR = """fragment E on PythonError { message className stack
@@ -151,12 +152,17 @@ def database_evidence(admin_url: str, database: str, evidence: Evidence) -> dict
     return {"tables": len(tables), "rows": rows}
 
 
+def group_state(resource: StreamGroupResource) -> GroupState:
+    """The group's state as its store decodes it; a group without one is a failed test."""
+    state, _ = resource.store().load(resource.state_key())
+    assert state is not None, f"group {resource.group}: no state"
+    return state
+
+
 def state_evidence(resource: StreamGroupResource, evidence: Evidence) -> int:
     """The group state as its store decodes it (the v3io store keeps large states and log items compressed):
     members, shards, events, parked ranges and dead letters with their failure reasons. Its size in bytes."""
-    state, _ = resource.store().load(resource.state_key())
-    assert state is not None, f"group {resource.group}: no state"
-    text = encode_state(state)
+    text = encode_state(group_state(resource))
     evidence.add(f"group state of {resource.group}", text)
     return len(text)
 

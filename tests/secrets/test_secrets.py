@@ -62,6 +62,7 @@ from tests.secrets.evidence import (
     database_evidence,
     event_log_evidence,
     graphql_evidence,
+    group_state,
     instance_evidence,
     spark_ui_evidence,
     sqlite_evidence,
@@ -361,9 +362,7 @@ def set_role_password(database: StateDatabase, password: str) -> None:
 
 def dead_letters_of(resource: StreamGroupResource) -> list[str]:
     """The group's unresolved dead letters, from its state: each range with its reason."""
-    state, _ = resource.store().load(resource.state_key())
-    assert state is not None, f"group {resource.group}: no state"
-    return [f"{d.shard} [{d.start}, {d.end}): {d.reason}" for d in state.dead_letters]
+    return [f"{d.shard} [{d.start}, {d.end}): {d.reason}" for d in group_state(resource).dead_letters]
 
 
 @overload
@@ -399,12 +398,8 @@ def new_failed_run(
 
 def tick_refused_login(dev: DagsterDev, sensor: str, since: float) -> bool:
     """Whether a tick of ``sensor`` after ``since`` (seconds since the epoch) failed on a refused SASL login."""
-    data = dev.graphql(
-        """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor { sensorState {
-             ticks(limit: 50) { timestamp status skipReason error { message causes { message } } } } } } }""",
-        {"s": {"repositoryLocationName": "clickstream", "repositoryName": "__repository__", "sensorName": sensor}},
-    )
-    ticks = data["sensorOrError"]["sensorState"]["ticks"]
+    fields = "sensorState { ticks(limit: 50) { timestamp skipReason error { message causes { message } } } }"
+    ticks = dev.sensor(sensor, fields)["sensorState"]["ticks"]
     return any(
         tick["timestamp"] > since and "refused the SASL login" in json.dumps([tick["skipReason"], tick["error"]])
         for tick in ticks
