@@ -37,7 +37,7 @@ from dagster_streamgroup.dagster.resources import (
     StreamGroupResource,
 )
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
-from dagster_streamgroup.patches import migrations, resource_schema, sqlite_engines
+from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 from dagster_streamgroup.streams.base import StreamError, open_transaction_text
 
@@ -97,6 +97,7 @@ def member_sensors(
     migrations.install()  # every tick that opens the instance checks its schema: parse the scripts once
     sqlite_engines.install()  # and, on a SQLite instance, queries it: one engine per database file
     resource_schema.install()  # and builds the group resource: its config schema inferred once
+    schema_checks.install()  # and reads the sensors' states: the tables' existence checked once
     return [_member_sensor(target, name, names, heartbeat_interval_s, default_status) for name in names]
 
 

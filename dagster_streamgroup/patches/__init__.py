@@ -7,6 +7,7 @@ worth it on a 2-core machine (docs/benchmarks.md, docs/launcher.md):
 - ``migrations``: alembic's migration scripts parsed once per process for Dagster's schema checks;
 - ``sqlite_engines``: one SQLAlchemy engine per SQLite database file for Dagster's SQLite storages;
 - ``resource_schema``: the config schema of this package's resources inferred once per class;
+- ``schema_checks``: the schedule storage's "does this table or index exist" answered once it is yes;
 - ``run_coordinator``: member runs launched at submit by ``MemberRunCoordinator`` (the queue's private test of
   the instance's limits).
 
@@ -33,6 +34,7 @@ PATCHES = (
     "the migration-script cache",
     "the shared SQLite engines",
     "the resource-schema cache",
+    "the schedule storage's schema-check cache",
     "member runs launched at submit",
 )
 """What switching off costs, named in the warning."""

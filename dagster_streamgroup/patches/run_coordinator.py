@@ -44,12 +44,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from dagster import DagsterRun, DagsterRunStatus, QueuedRunCoordinator, RunsFilter, SubmitRunContext
 from filelock import FileLock
 
 from dagster_streamgroup import patches
 from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED, TAG_MEMBER
+from dagster_streamgroup.patches import schema_checks, sqlite_engines
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,14 @@ _thread_lock = threading.Lock()
 class MemberRunCoordinator(QueuedRunCoordinator):
     """Dagster's ``QueuedRunCoordinator``, except that member runs launch at submit when the queue would
     launch them now."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The daemon builds this coordinator when it starts, and it is the process that keeps the member
+        # sensors' tick rows and states: on a SQLite instance one engine per database file (statements
+        # compiled once), and the schema checks of each of those writes answered once.
+        sqlite_engines.install()
+        schema_checks.install()
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run

@@ -17,10 +17,11 @@ from alembic.script import ScriptDirectory
 from dagster._config.pythonic_config import config as pythonic_config
 from dagster._config.pythonic_config import resource as pythonic_resource
 from dagster._core.storage import sql
+from dagster._core.storage.schedules.sql_schedule_storage import SqlScheduleStorage
 
 from dagster_streamgroup import patches
 from dagster_streamgroup.dagster import member_sensors
-from dagster_streamgroup.patches import migrations, resource_schema, sqlite_engines
+from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 from tests.dagster.helpers import counting_asset
 
 UNVERIFIED = "1.13.99"
@@ -48,6 +49,9 @@ def unverified(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pythonic_resource, "infer_schema_from_config_class", dagsters_own)
     for name in sqlite_engines.STORAGE_MODULES:
         monkeypatch.setattr(importlib.import_module(name), "create_engine", db.create_engine)
+    for name in schema_checks.CHECKS:
+        method = SqlScheduleStorage.__dict__[name]
+        monkeypatch.setattr(SqlScheduleStorage, name, getattr(method, "__streamgroup_original__", method))
 
 
 def test_on_another_release_every_patch_stays_off_with_one_warning(
@@ -58,6 +62,7 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
         assert migrations.parse_once() is None
         assert not sqlite_engines.install()
         assert not resource_schema.install()
+        assert not schema_checks.install()
         sensors = member_sensors(counting_asset("g_guard", []), members=2, heartbeat_interval_s=1)  # installs all
     assert len(sensors) == 2, "the definitions load"
     assert getattr(sql, "ScriptDirectory") is ScriptDirectory, "Dagster's schema check is its own"  # noqa: B009
@@ -65,6 +70,8 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
     assert getattr(pythonic_resource, "infer_schema_from_config_class") is dagsters_own  # noqa: B009
     for name in sqlite_engines.STORAGE_MODULES:
         assert importlib.import_module(name).create_engine is db.create_engine
+    for name in schema_checks.CHECKS:
+        assert not hasattr(SqlScheduleStorage.__dict__[name], "__streamgroup_original__"), f"{name} is Dagster's own"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert UNVERIFIED in warnings[0] and "1.13.27" in warnings[0] and "stay off" in warnings[0]
@@ -75,6 +82,7 @@ PRIVATE_MODULES = (
     "dagster._config.pythonic_config.config",
     "dagster._config.pythonic_config.resource",
     *sqlite_engines.STORAGE_MODULES,
+    schema_checks.STORAGE_MODULE,
     "dagster._core.storage.dagster_run",
     "dagster._utils.tags",
 )
@@ -101,10 +109,11 @@ def test_on_another_release_nothing_private_is_imported() -> None:
         for name in {PRIVATE_MODULES!r}:
             sys.modules[name] = None
         from dagster_streamgroup.coordinator import MemberRunCoordinator
-        from dagster_streamgroup.patches import migrations, resource_schema, sqlite_engines
+        from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 
         assert not migrations.install() and migrations.parse_once() is None
         assert not sqlite_engines.install() and not resource_schema.install()
+        assert not schema_checks.install()
         assert issubclass(MemberRunCoordinator, dagster.QueuedRunCoordinator)
         print("loaded")
         """
