@@ -33,14 +33,6 @@ KEPT = "_streamgroup_schema_checks"
 """The attribute of a storage object that holds the checks it answered yes to."""
 
 
-def _kept(storage: Any) -> set[tuple[str, str]]:
-    known: set[tuple[str, str]] | None = storage.__dict__.get(KEPT)
-    if known is None:
-        known = set()
-        storage.__dict__[KEPT] = known
-    return known
-
-
 def _keep_yes(check: Callable[..., bool], name: str) -> Callable[..., bool]:
     """``check`` answered from the storage's kept answers once it said yes. The key is the check's name and,
     for ``has_built_index``, the index's; a connection argument (``_has_instigators_table``) is not part of it."""
@@ -48,7 +40,7 @@ def _keep_yes(check: Callable[..., bool], name: str) -> Callable[..., bool]:
     @functools.wraps(check)
     def answer(storage: Any, *args: Any) -> bool:
         key = (name, args[0] if name == "has_built_index" and args else "")
-        known = _kept(storage)
+        known: set[tuple[str, str]] = storage.__dict__.setdefault(KEPT, set())
         if key in known:
             return True
         result = check(storage, *args)
