@@ -11,7 +11,9 @@ ranges and commits nothing.
 
 With ``carry_on_s``, a run's commit also takes its shards' next ranges, in the same state write
 (``protocol.commit_and_carry_on``), and the run processes them as its next wave: one Dagster run and one Spark
-session over several waves, each wave's ranges committed and materialized before the next is read.
+session over several waves, each wave's ranges committed and materialized before the next is read. A run whose
+shards are caught up at a commit ends there; one whose shards hold fewer than ``min_backlog`` records waits for
+more, up to ``max_wait_s``.
 """
 
 import contextlib
@@ -244,7 +246,10 @@ def run_ranges(
                 context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave, carry_until
             )
             if carrying and not launches and member is not None and config.run_key is not None:
-                launches = _wait_for_a_wave(resource, member, config.run_key, list(marks), carry_until)
+                if _records_wait(ranges, marks):
+                    launches = _wait_for_a_wave(resource, member, config.run_key, list(marks), carry_until)
+                else:
+                    context.log.info(f"{resource.group}: its shards are caught up, the run ends")
             if not launches:
                 break
             ranges = [
@@ -372,6 +377,13 @@ def _process_and_commit(
         metadata.update(user_metadata)
         yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
     return marks, state, launches, carrying
+
+
+def _records_wait(ranges: Sequence[sgt.RangeSpec], marks: Mapping[str, Watermarks]) -> bool:
+    """Whether a record was written past a wave's ranges when its commit read the watermarks. A run whose shards
+    are caught up ends instead of waiting ``max_wait_s`` for records that may not come: its member's ticks plan
+    the shards' next ranges when they do, and a quiet stream holds no run, process or Spark session meanwhile."""
+    return any(marks[r.shard].written_end > r.end for r in ranges if r.shard in marks)
 
 
 CARRY_ON_POLL_S = 1.0

@@ -147,8 +147,8 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         default=0.0,
         description="Member mode: for this long after it started, a run that committed takes its shards' next "
         "ranges in the same state write and reads them in the same Dagster run and Spark session (no new run, "
-        "process or session per wave), while its member owns them and min_backlog records wait; 0: a run per "
-        "wave of ranges.",
+        "process or session per wave), while its member owns them and min_backlog records wait (up to max_wait_s "
+        "for them; a run whose shards are caught up ends); 0: a run per wave of ranges.",
     )
     tick_wait_s: float = Field(
         default=3.0,

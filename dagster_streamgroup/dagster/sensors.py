@@ -29,6 +29,7 @@ from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster import tick_context
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
 from dagster_streamgroup.dagster.resources import (
     DAEMON_LOOP_S,
@@ -113,13 +114,15 @@ def _member_sensor(
         asset_selection=[target.asset.key],
         minimum_interval_seconds=max(1, round(interval_s)),
         default_status=default_status,
-        required_resource_keys={target.resource_key},
-        description=f"Member {name} of consumer group {target.group!r}: claims shards, launches offset ranges.",
+        description=(
+            f"Member {name} of consumer group {target.group!r}: claims shards, launches offset ranges (resource "
+            f"{target.resource_key!r}, built once per code server)."
+        ),
         tags={sgt.TAG_GROUP: target.group},
     )
     def _sensor(context: dg.SensorEvaluationContext, **_direct: object) -> dg.SensorResult:
         # ``_direct``: a sensor called directly (unit tests) also gets its required resources as keywords.
-        resource: StreamGroupResource = getattr(context.resources, target.resource_key)
+        resource: StreamGroupResource = tick_context.group_resource(context, target.resource_key)
         check_tick_interval(resource, interval_s)
         return evaluate_member_tick(context, resource, target, name, peers)
 
@@ -161,7 +164,7 @@ def evaluate_member_tick(
     peers: Sequence[str] = (),
 ) -> dg.SensorResult:
     started = time.monotonic()
-    instance = _instance_or_none(context)
+    instance = tick_context.tick_instance(context)
     deployment = deployment_id(instance)
     member_id = member_identity(sensor_name, deployment)
     member = resource.member(member_id)
@@ -302,14 +305,6 @@ def deployment_id(instance: dg.DagsterInstance | None) -> str | None:
 def member_identity(sensor_name: str, deployment: str | None) -> str:
     """The group member a sensor is in one deployment."""
     return sensor_name if deployment is None else f"{sensor_name}@{deployment}"
-
-
-def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
-    """The instance, or None in a unit test that built its context without one."""
-    try:
-        return context.instance
-    except dg.DagsterInvariantViolationError:
-        return None
 
 
 def _new_partition_keys(

@@ -149,7 +149,8 @@ def test_a_scaffolded_component_builds_what_stream_definitions_builds(sandbox: D
         assert isinstance(sensor, dg.SensorDefinition)
         assert sensor.minimum_interval_seconds == python_sensors[name].minimum_interval_seconds == 5
         assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
-        assert sensor.required_resource_keys == {"streamgroup_clicks"}
+        assert not sensor.required_resource_keys, "the tick builds its group resource once per code server"
+        assert "'streamgroup_clicks'" in (sensor.description or "")
     resources = defs.resources or {}
     assert set(resources) == {"streamgroup_clicks", "pyspark_clicks"}
     assert resources["streamgroup_clicks"] == by_python.resources["streamgroup"]  # type: ignore[index]

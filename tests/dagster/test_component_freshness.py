@@ -135,8 +135,8 @@ def test_a_stopped_group_goes_warn_then_fail_in_dagsters_freshness(
         # The group materializes: a member's tick claims both shards and requests their ranges; the run commits.
         sensor = next(s for s in defs.sensors or [] if s.name == f"{group}_member_0")
         assert isinstance(sensor, dg.SensorDefinition)
-        member_resources = {key: resources[key] for key in sensor.required_resource_keys}  # the group's only
-        tick = sensor(dg.build_sensor_context(instance=instance, sensor_name=sensor.name, resources=member_resources))
+        # The group resource as a code server's tick finds it: in the code location.
+        tick = sensor(dg.build_sensor_context(instance=instance, sensor_name=sensor.name, definitions=defs))
         assert isinstance(tick, dg.SensorResult)
         [request] = tick.run_requests or []
         assert materialize_request(asset, instance, request, resources).success

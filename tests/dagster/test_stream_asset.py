@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, stream_asset
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, ranges_of, stream_asset
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
@@ -172,6 +172,70 @@ def test_a_run_carries_on_with_its_shards_next_ranges_in_waves(
         assert not driver.requests(), "nothing left to read"
         state = resource.member(driver.member_id).load()
         assert state is not None and state.unrecorded_runs == {}, "every wave's ranges found recorded"
+
+
+def run_logs(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> list[str]:
+    return [e.user_message for e in instance.all_logs(result.run_id)]
+
+
+def test_a_carrying_run_whose_shards_are_caught_up_ends_at_its_commit(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    """Nothing written past its wave: the run ends instead of waiting max_wait_s for records that may not come."""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 50)  # 51 records
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, carry_on_s=120.0, max_wait_s=60.0)
+    seen: list[tuple[str, int, int, int]] = []
+    asset = counting_asset(group, seen)
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        started = time.monotonic()
+        result = run(asset, instance, resource, spark, driver.request())
+        assert result.success
+        assert time.monotonic() - started < resource.max_wait_s, "ended without waiting max_wait_s"
+        assert seen == [(f"{topic}:0", 0, 51, 51)]
+        assert any("its shards are caught up, the run ends" in m for m in run_logs(instance, result))
+        state = resource.member(driver.member_id).load()
+        assert state is not None and state.shards[f"{topic}:0"].inflight is None
+
+
+def test_a_carrying_run_waits_for_records_short_of_min_backlog_then_reads_them(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    """Records written during a wave, fewer than min_backlog: the run waits up to max_wait_s for more, then
+    reads what came as its next wave."""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 50)  # 51 records
+    group = group_name()
+    resource = group_resource(
+        kafka_bootstrap, topic, group, tmp_path, carry_on_s=120.0, max_wait_s=2.0, min_backlog=1_000
+    )
+    seen: list[tuple[str, int, int, int]] = []
+
+    @stream_asset(group=group, name=f"late_{group}")
+    def late(context: dg.AssetExecutionContext, df: Any) -> None:
+        for r in ranges_of(context):
+            seen.append((r.shard, r.start, r.end, df.count()))
+        if len(seen) == 1:
+            produce_sample(kafka_bootstrap, topic, 1, 4)  # 5 more, written while the first wave is read
+
+    shard = f"{topic}:0"
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(late, members=1)[0], instance, resource)
+        assert not driver.requests(), "fewer than min_backlog: the tick waits max_wait_s"
+        time.sleep(resource.max_wait_s)
+        request = driver.request()
+        assert ranges_of_request(request) == [(shard, 0, 51)]
+        result = run(late, instance, resource, spark, request)
+        assert result.success
+        assert seen == [(shard, 0, 51, 51), (shard, 51, 56, 5)]
+        logs = run_logs(instance, result)
+        ended = [i for i, m in enumerate(logs) if "its shards are caught up, the run ends" in m]
+        carried = [i for i, m in enumerate(logs) if "carries on with wave 1" in m]
+        assert len(ended) == len(carried) == 1 and carried[0] < ended[0], "waited after wave 0, ended after wave 1"
+        state = resource.member(driver.member_id).load()
+        assert state is not None and state.shards[shard].committed == 56
 
 
 def test_a_failing_function_is_retried_with_the_same_offsets(
