@@ -3,7 +3,7 @@ import json
 import pytest
 
 from dagster_streamgroup import protocol
-from dagster_streamgroup.protocol import ForeignStateError, NewerSchemaError, decode_state, encode_state
+from dagster_streamgroup.protocol import ForeignStateError, NewerSchemaError, codec, decode_state, encode_state
 from tests.unit.protocol_helpers import POLICY, balanced_start, marks
 
 
@@ -59,3 +59,23 @@ def test_older_states_read_and_are_written_back_at_the_current_version() -> None
         old = decode_state(json.dumps(raw), where="t")
         assert old.schema_version == protocol.state.SCHEMA_VERSION == 4
         assert old.shards == state.shards and old.dead_letters == () and old.unrecorded_runs == {}
+
+
+def test_the_same_stored_text_is_decoded_once() -> None:
+    state = balanced_start(3, ("a", "b"))
+    text = encode_state(state)
+    first = decode_state(text, where="t")
+    again = decode_state("".join(list(text)), where="t")  # an equal text, another object: as a store loads it
+    assert again is first and first == state
+    later = decode_state(encode_state(state.model_copy(update={"revision": 7})), where="t")
+    assert later.revision == 7 and later is not first
+
+
+def test_a_text_that_fails_to_decode_raises_every_time_and_the_kept_texts_are_bounded() -> None:
+    for _ in range(2):
+        with pytest.raises(ForeignStateError, match="not JSON"):
+            decode_state("not json", where="t")
+    state = balanced_start(2, ("a",))
+    for revision in range(codec.DECODED_KEPT + 4):
+        decode_state(encode_state(state.model_copy(update={"revision": revision})), where="t")
+    assert len(codec._decoded) == codec.DECODED_KEPT
