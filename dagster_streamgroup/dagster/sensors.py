@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -41,6 +42,8 @@ from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 from dagster_streamgroup.streams.base import StreamError, open_transaction_text
+
+log = logging.getLogger(__name__)
 
 ENDED_UNREPORTED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 ENDED = (dg.DagsterRunStatus.SUCCESS, *ENDED_UNREPORTED)
@@ -209,7 +212,12 @@ def evaluate_member_tick(
     notes += _mirror_repaired(resource, report.state, repairs)
     notes += _keep_mirror_alive(resource, report, cursor)
     summary = _summary(report, notes, time.monotonic() - started)
-    context.log.info(summary)
+    if requests or notes:
+        context.log.info(summary)
+    else:
+        # Its skip reason, which the UI shows with the tick: Dagster's tick log would cost the tick a captured log
+        # stream of its own (about a quarter of a quiet tick's CPU) to say it again.
+        log.debug(summary)
     return dg.SensorResult(
         run_requests=requests,
         skip_reason=None if requests else summary,
