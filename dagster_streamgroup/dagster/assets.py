@@ -397,9 +397,11 @@ def _wait_for_a_wave(
     wait, or once they have waited ``max_wait_s`` (as the member's tick would plan them, which the run's more
     frequent look usually beats), within ``carry_on_s``. None when that passes with nothing to read, or the shards
     moved on (a tick planned them first, a rebalance handed them over, the member left)."""
+    # The last look is at the deadline, a poll after max_wait_s: however long the looks before it took, it comes
+    # after the records waited max_wait_s since the commit that saw them, so they are planned.
     deadline = min(carry_until, time.monotonic() + resource.max_wait_s + CARRY_ON_POLL_S)
-    while time.monotonic() + CARRY_ON_POLL_S < deadline:
-        time.sleep(CARRY_ON_POLL_S)
+    while (pause := min(CARRY_ON_POLL_S, deadline - time.monotonic())) > 0:
+        time.sleep(pause)
         marks = _watermarks(resource, shards)
         if not marks:
             continue

@@ -124,7 +124,7 @@ def _member_sensor(
         tags={sgt.TAG_GROUP: target.group},
     )
     def _sensor(context: dg.SensorEvaluationContext, **_direct: object) -> dg.SensorResult:
-        # ``_direct``: a sensor called directly (unit tests) also gets its required resources as keywords.
+        # ``_direct``: resources a test passes when it calls the sensor directly (found in the context too).
         resource: StreamGroupResource = tick_context.group_resource(context, target.resource_key)
         check_tick_interval(resource, interval_s)
         return evaluate_member_tick(context, resource, target, name, peers)

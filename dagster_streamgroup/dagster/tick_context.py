@@ -18,19 +18,22 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import dagster as dg
 
 KEPT_RESOURCES = 8
-"""Built resources kept per process: one per group of the code location in a deployment; the bound only
-matters to a process that loads many definitions (a test session)."""
+"""Built resources kept per process, the least recently used dropped first: one per group of the code location in
+a deployment; the bound only matters to a process that loads many definitions (a test session)."""
+KEPT_INSTANCES = 2
+"""Instances kept per process: a code server's ticks all come with one instance reference."""
 
 _lock = threading.Lock()
-_resources: dict[int, tuple[Any, Any, contextlib.ExitStack]] = {}
+_resources: OrderedDict[int, tuple[Any, Any, contextlib.ExitStack]] = OrderedDict()
 """Built resources by the id of their definition: (the definition, kept so its id is not reused; the built
 resource; what tears it down when dropped)."""
-_instances: dict[str, dg.DagsterInstance] = {}
+_instances: OrderedDict[str, dg.DagsterInstance] = OrderedDict()
 """Instances by their serialized reference."""
 
 
@@ -43,13 +46,15 @@ def group_resource(context: dg.SensorEvaluationContext, key: str) -> Any:
         return getattr(context.resources, key)  # built by Dagster for this call (or a clear error if missing)
     with _lock:
         kept = _resources.get(id(definition))
-        if kept is None or kept[0] is not definition:
-            if len(_resources) >= KEPT_RESOURCES:
-                _drop(next(iter(_resources)))
-            stack = contextlib.ExitStack()
-            built = stack.enter_context(dg.build_resources({key: definition}))
-            kept = _resources[id(definition)] = (definition, getattr(built, key), stack)
-        return kept[1]
+        if kept is not None and kept[0] is definition:
+            _resources.move_to_end(id(definition))
+            return kept[1]
+        while len(_resources) >= KEPT_RESOURCES:
+            _drop(next(iter(_resources)))
+        stack = contextlib.ExitStack()
+        built = stack.enter_context(dg.build_resources({key: definition}))
+        _resources[id(definition)] = (definition, getattr(built, key), stack)
+        return getattr(built, key)
 
 
 def tick_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
@@ -64,14 +69,24 @@ def tick_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | N
     key = dg.serialize_value(ref)
     with _lock:
         instance = _instances.get(key)
-        if instance is None:
-            instance = _instances[key] = dg.DagsterInstance.from_ref(ref)
-        return instance
+        if instance is not None:
+            _instances.move_to_end(key)
+            return instance
+    opened = dg.DagsterInstance.from_ref(ref)  # not under the lock: a slow database holds back no other group
+    with _lock:
+        instance = _instances.setdefault(key, opened)
+        _instances.move_to_end(key)
+        while len(_instances) > KEPT_INSTANCES:
+            _instances.popitem(last=False)  # not disposed: a tick may still use it; closed when collected
+    if instance is not opened:
+        opened.dispose()  # another tick opened it first
+    return instance
 
 
 def _drop(definition_id: int) -> None:
     _definition, _built, stack = _resources.pop(definition_id)
-    stack.close()
+    with contextlib.suppress(Exception):  # a teardown that fails must not keep the others open
+        stack.close()
 
 
 @atexit.register
@@ -82,4 +97,5 @@ def release() -> None:
         while _resources:
             _drop(next(iter(_resources)))
         while _instances:
-            _instances.popitem()[1].dispose()
+            with contextlib.suppress(Exception):
+                _instances.popitem()[1].dispose()

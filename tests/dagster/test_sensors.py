@@ -11,8 +11,8 @@ from dagster._core.events import DagsterEvent, StepMaterializationData
 from dagster._core.test_utils import create_run_for_test
 
 from dagster_streamgroup import protocol
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, tick_context
 from dagster_streamgroup.dagster import tags as sgt
-from dagster_streamgroup.dagster import tick_context
 from dagster_streamgroup.dagster.checks import PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
 from tests.dagster.helpers import (
@@ -113,11 +113,19 @@ def test_a_quiet_tick_says_what_it_owns_in_its_skip_reason_only(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:
     """The UI shows a skipped tick's skip reason; a tick log (a captured log stream of its own) is written only
-    for a tick that requested runs or has something to say."""
+    for a tick that requested runs or has something to say. Ticked as a code server ticks it: the group resource
+    found in the code location and the instance from its reference, each built once for all the ticks."""
     topic = kafka_topics(partitions=1)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
-    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    asset = counting_asset(group, [])
+    sensor = sensors_for(asset, members=1)[0]
+    location = dg.Definitions(
+        assets=[asset],
+        sensors=[sensor],
+        resources={"streamgroup": resource, "pyspark": StreamSparkResource(master="local[1]")},
+    )
+    tick_context.release()
     with dg.instance_for_test() as instance:
 
         def tick() -> tuple[dg.SensorResult, bool]:
@@ -125,19 +133,24 @@ def test_a_quiet_tick_says_what_it_owns_in_its_skip_reason_only(
                 instance_ref=instance.get_ref(),  # as the daemon calls a sensor: its tick log is captured
                 sensor_name=sensor.name,
                 repository_name="repo",
-                resources={"streamgroup": resource},
+                definitions=location,
             ) as context:
                 result = sensor(context)
                 assert isinstance(result, dg.SensorResult)
                 return result, bool(context.has_captured_logs())
 
-        quiet, logged = tick()
-        assert not quiet.run_requests and quiet.skip_reason is not None and not logged
-        assert f"owns {topic}:0" in (quiet.skip_reason.skip_message or "")
-        produce_sample(kafka_bootstrap, topic, 1, 10)
-        busy, logged = tick()
-        assert busy.run_requests and logged
-        tick_context.release()  # the instance the ticks opened, closed before the test's instance goes
+        try:
+            quiet, logged = tick()
+            assert not quiet.run_requests and quiet.skip_reason is not None and not logged
+            assert f"owns {topic}:0" in (quiet.skip_reason.skip_message or "")
+            produce_sample(kafka_bootstrap, topic, 1, 10)
+            busy, logged = tick()
+            assert busy.run_requests and logged
+            [(_, built, _)] = tick_context._resources.values()
+            assert isinstance(built, KafkaStreamGroup) and built.group == group, "one resource for both ticks"
+            assert len(tick_context._instances) == 1, "one instance for both ticks"
+        finally:
+            tick_context.release()  # the instance the ticks opened, closed before the test's instance goes
 
 
 def test_a_sensor_interval_other_than_the_resources_heartbeat_fails_the_tick(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
 import dagster as dg
+import pytest
 
 from dagster_streamgroup.dagster import tick_context
 
@@ -17,6 +21,13 @@ class CountedResource(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         BUILT.append(self.name)
+
+
+@pytest.fixture(autouse=True)
+def released() -> Iterator[None]:
+    tick_context.release()
+    yield
+    tick_context.release()
 
 
 def test_the_group_resource_is_built_on_the_first_tick_only() -> None:
@@ -41,11 +52,39 @@ def test_resources_a_context_was_built_with_come_first() -> None:
     assert tick_context.group_resource(without_location, "group").name == "given"
 
 
-def test_the_kept_resources_are_bounded() -> None:
-    for i in range(tick_context.KEPT_RESOURCES + 3):
-        defs = dg.Definitions(resources={"group": CountedResource(name=f"r{i}")})
+def test_ticks_at_once_build_the_resource_once() -> None:
+    BUILT.clear()
+    defs = dg.Definitions(resources={"group": CountedResource(name="shared")})
+    with ThreadPoolExecutor(8) as pool:
+        built = list(
+            pool.map(
+                lambda _: tick_context.group_resource(dg.build_sensor_context(definitions=defs), "group"), range(16)
+            )
+        )
+    assert all(b is built[0] for b in built) and BUILT == ["shared"]
+
+
+def test_the_kept_resources_are_bounded_and_the_least_recently_used_goes_first() -> None:
+    BUILT.clear()
+    locations = [dg.Definitions(resources={"group": CountedResource(name=f"r{i}")}) for i in range(3)]
+
+    def tick(defs: dg.Definitions) -> None:
         tick_context.group_resource(dg.build_sensor_context(definitions=defs), "group")
-    assert len(tick_context._resources) <= tick_context.KEPT_RESOURCES
+
+    for defs in locations:
+        tick(defs)
+    for i in range(tick_context.KEPT_RESOURCES - 3):
+        tick(locations[0])  # kept in use
+        tick(dg.Definitions(resources={"group": CountedResource(name=f"other{i}")}))
+    tick(locations[0])
+    assert len(tick_context._resources) == tick_context.KEPT_RESOURCES
+    tick(dg.Definitions(resources={"group": CountedResource(name="one more")}))  # r1, the least recent, goes
+    assert len(tick_context._resources) == tick_context.KEPT_RESOURCES
+    for defs in (locations[0], locations[2]):
+        tick(defs)
+    assert BUILT.count("r0") == BUILT.count("r2") == 1, "kept"
+    tick(locations[1])
+    assert BUILT.count("r1") == 2, "dropped, built again"
 
 
 def test_the_instance_is_opened_once_per_reference() -> None:
