@@ -123,7 +123,9 @@ def produce_sample(
     then one trailing record per partition, and return each partition's exact end offset (exclusive)."""
     value = b"x" * value_size
     deliveries = _Deliveries()
-    producer = Producer({**BULK_PRODUCER, **_config(client)})
+    # Idempotent: a batch retried after a timeout under load keeps its place in the partition (record i stays at
+    # offset i // partitions), where a plain producer may write a later batch first.
+    producer = Producer({**BULK_PRODUCER, "enable.idempotence": True, **_config(client)})
     for i in range(count):
         produce_or_wait(producer, topic, value, key=str(i).encode(), partition=i % partitions, on_delivery=deliveries)
         if i % 10_000 == 0:
