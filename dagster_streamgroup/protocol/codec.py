@@ -6,9 +6,8 @@ A store must never overwrite a state it cannot read: a foreign object (for examp
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,9 +34,6 @@ def encode_state(state: GroupState) -> str:
 DECODED_KEPT = 8
 """Stored texts whose decoded state is kept: a few groups' latest, in a process that loads them over and over."""
 
-_decoded: OrderedDict[str | bytes, GroupState] = OrderedDict()
-_decoded_lock = threading.Lock()
-
 
 def decode_state(text: str | bytes, *, where: str) -> GroupState:
     """Parse a stored state. ``where`` names the object in error messages (store URL and key).
@@ -45,19 +41,10 @@ def decode_state(text: str | bytes, *, where: str) -> GroupState:
     A member's tick, its runs' heartbeats and a tick's wait for a run load the same state many times between two
     writes; the state is immutable, so the last few texts' states are kept and the same text is parsed and
     validated once (a text that fails to parse is never kept: it raises every time)."""
-    with _decoded_lock:
-        state = _decoded.get(text)
-        if state is not None:
-            _decoded.move_to_end(text)
-            return state
-    state = _decode(text, where=where)
-    with _decoded_lock:
-        _decoded[text] = state
-        while len(_decoded) > DECODED_KEPT:
-            _decoded.popitem(last=False)
-    return state
+    return _decode(text, where=where)
 
 
+@functools.lru_cache(maxsize=DECODED_KEPT)
 def _decode(text: str | bytes, *, where: str) -> GroupState:
     try:
         raw: Any = json.loads(text)

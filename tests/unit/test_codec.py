@@ -78,4 +78,4 @@ def test_a_text_that_fails_to_decode_raises_every_time_and_the_kept_texts_are_bo
     state = balanced_start(2, ("a",))
     for revision in range(codec.DECODED_KEPT + 4):
         decode_state(encode_state(state.model_copy(update={"revision": revision})), where="t")
-    assert len(codec._decoded) == codec.DECODED_KEPT
+    assert codec._decode.cache_info().currsize == codec.DECODED_KEPT
