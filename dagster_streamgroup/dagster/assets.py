@@ -11,15 +11,21 @@ ranges and commits nothing.
 
 With ``carry_on_s``, a run's commit also takes its shards' next ranges, in the same state write
 (``protocol.commit_and_carry_on``), and the run processes them as its next wave: one Dagster run and one Spark
-session over several waves, each wave's ranges committed and materialized before the next is read. A run whose
-shards are caught up at a commit ends there; one whose shards hold fewer than ``min_backlog`` records waits for
-more, up to ``max_wait_s``.
+session over several waves. A wave's Spark work starts as soon as the previous wave is committed, while Dagster
+stores that wave's materializations (a database transaction each, about a fifth of a second for a wave of ten
+shards: time the Spark server would otherwise spend idle); it is committed only after them, so each shard's
+materializations stay in offset order, and a wave that fails is raised once the committed one's are stored. A
+run whose shards are caught up at a commit ends there; one whose shards hold fewer than ``min_backlog`` records
+waits for more, up to ``max_wait_s``.
 """
 
 import contextlib
+import functools
+import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -240,37 +246,97 @@ def run_ranges(
         time.monotonic() + resource.carry_on_s if member is not None and resource.run_mode == "member" else 0.0
     )
     wave = 0
+
+    def process(ranges: list[sgt.RangeSpec], reports: list[RangeReport] | None) -> _ProcessedWave:
+        return _process(context, resource, spark_resource, fn, asset_key, ranges, reports, member)
+
+    def carry_on(launches: Sequence[Launch]) -> tuple[list[sgt.RangeSpec], list[RangeReport]]:
+        nonlocal wave
+        wave += 1
+        ranges = [
+            sgt.RangeSpec(shard=x.shard, start=x.start, end=x.end, attempt=x.attempt, epoch=x.epoch) for x in launches
+        ]
+        reports = [report_of(x) for x in launches]
+        assert heartbeat is not None
+        heartbeat.follow(reports)
+        context.log.info(f"{resource.group}: carries on with wave {wave}: {_describe(ranges)}")
+        return ranges, reports
+
     with heartbeat or contextlib.nullcontext():
+        processed = process(ranges, reports)
         while True:
-            marks, state, launches, carrying = yield from _process_and_commit(
-                context, config, resource, spark_resource, fn, asset_key, ranges, reports, member, wave, carry_until
-            )
-            if carrying and not launches and member is not None and config.run_key is not None:
-                if _records_wait(ranges, marks):
-                    launches = _wait_for_a_wave(resource, member, config.run_key, list(marks), carry_until)
-                else:
-                    context.log.info(f"{resource.group}: its shards are caught up, the run ends")
+            committed = _commit(context, resource, ranges, reports, member, carry_until)
+            marks, state, last = committed.marks, committed.state, ranges
+            if wave == 0:  # a later wave holds shards of the first (a run carries on only with its own)
+                _ensure_partitions(context, [r.shard for r in ranges])
+            materializations = _materializations(config, resource, asset_key, last, wave, processed, committed)
+            if committed.launches:
+                ranges, reports = carry_on(committed.launches)
+                next_wave = _read_ahead(functools.partial(process, ranges, reports))
+                # The next wave is read while Dagster stores these (a SQLite or PostgreSQL transaction each);
+                # it is committed only after them, so a shard's materializations stay in offset order.
+                yield from materializations
+                processed = next_wave.result()  # its failure is raised once these are stored
+                continue
+            yield from materializations
+            if not committed.carrying or member is None or config.run_key is None:
+                break
+            if not _records_wait(last, marks):
+                context.log.info(f"{resource.group}: its shards are caught up, the run ends")
+                break
+            launches = _wait_for_a_wave(resource, member, config.run_key, list(marks), carry_until)
             if not launches:
                 break
-            ranges = [
-                sgt.RangeSpec(shard=x.shard, start=x.start, end=x.end, attempt=x.attempt, epoch=x.epoch)
-                for x in launches
-            ]
-            reports = [report_of(x) for x in launches]
-            assert heartbeat is not None
-            heartbeat.follow(reports)
-            wave += 1
-            context.log.info(f"{resource.group}: carries on with wave {wave}: {_describe(ranges)}")
-    lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
+            ranges, reports = carry_on(launches)
+            processed = process(ranges, reports)
+    lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in last if r.shard in marks}
     yield lag_check_result(asset_key, lags, resource.lag_alert_records)
     if state is None:
         state, _ = resource.store().load(resource.state_key())
     yield parked_check_result(asset_key, state)
 
 
-def _process_and_commit(
+@dataclass(frozen=True)
+class _ProcessedWave:
+    """What a wave's Spark work left for its materializations."""
+
+    records: dict[str, int]
+    user_metadata: dict[str, dg.MetadataValue]
+    session_s: float
+    process_s: float
+
+
+@dataclass(frozen=True)
+class _CommittedWave:
+    """What a wave's commit left: the watermarks read for it (none when the stream did not answer), the state it
+    wrote (none for a backfill), whether the offsets reached the backend, whether it planned the next wave, and
+    that wave's ranges (whatever it found to plan)."""
+
+    marks: dict[str, Watermarks]
+    state: GroupState | None
+    mirrored: bool
+    carrying: bool
+    launches: list[Launch]
+
+
+def _read_ahead(work: Callable[[], _ProcessedWave]) -> Future[_ProcessedWave]:
+    """``work`` in a thread of its own, with this context's variables (Dagster's and ``_WAVE``). A daemon thread:
+    a run interrupted meanwhile ends without waiting for it, and its ranges are retried as any failed run's."""
+    future: Future[_ProcessedWave] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # handed to the run's thread, which raises it
+            future.set_exception(exc)
+
+    threading.Thread(target=copy_context().run, args=(run,), name="streamgroup-next-wave", daemon=True).start()
+    return future
+
+
+def _process(
     context: dg.AssetExecutionContext,
-    config: sgt.StreamRunConfig,
     resource: StreamGroupResource,
     spark_resource: Any,
     fn: StreamFn,
@@ -278,13 +344,9 @@ def _process_and_commit(
     ranges: list[sgt.RangeSpec],
     reports: list[RangeReport] | None,
     member: GroupMember | None,
-    wave: int,
-    carry_until: float,
-) -> Generator[dg.AssetMaterialization, None, tuple[dict[str, Watermarks], GroupState | None, list[Launch], bool]]:
-    """One wave: read, call the stream function, commit, materialize. Before ``carry_until``, the commit also
-    plans the shards' next wave, in the same state write (``protocol.commit_and_carry_on``), with their watermarks
-    read just before it. Returns the watermarks (none when the stream did not answer), the state the commit left,
-    the next wave's ranges, and whether the commit planned (whatever it found to plan)."""
+) -> _ProcessedWave:
+    """A wave's Spark work: read its ranges, call the stream function, count the records. On failure the ranges
+    are reported failed (retried by the group) before the error is raised."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
@@ -307,7 +369,20 @@ def _process_and_commit(
             summary = ", ".join(f"{shard} {outcome.value}" for shard, outcome in outcomes.items())
             context.log.error(f"{_describe(reports)} failed ({summary}): {reason}")
         raise
+    return _ProcessedWave(records, user_metadata, session_s, process_s)
 
+
+def _commit(
+    context: dg.AssetExecutionContext,
+    resource: StreamGroupResource,
+    ranges: list[sgt.RangeSpec],
+    reports: list[RangeReport] | None,
+    member: GroupMember | None,
+    carry_until: float,
+) -> _CommittedWave:
+    """A processed wave's commit (nothing for a backfill), then its offsets mirrored into the backend. Before
+    ``carry_until`` the commit also plans the shards' next wave, in the same state write
+    (``protocol.commit_and_carry_on``), with their watermarks read just before it."""
     state: GroupState | None = None
     mirrored = True
     shards = [r.shard for r in ranges]
@@ -340,11 +415,23 @@ def _process_and_commit(
         state = stats.state
     if not marks:
         marks = _watermarks(resource, shards)
+    return _CommittedWave(marks, state, mirrored, carrying, launches)
+
+
+def _materializations(
+    config: sgt.StreamRunConfig,
+    resource: StreamGroupResource,
+    asset_key: dg.AssetKey,
+    ranges: list[sgt.RangeSpec],
+    wave: int,
+    processed: _ProcessedWave,
+    committed: _CommittedWave,
+) -> list[dg.AssetMaterialization]:
+    """One materialization of each range of a wave, on its shard partition, with what the wave measured."""
+    marks, records = committed.marks, processed.records
     lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in ranges if r.shard in marks}
-    # A later wave holds shards of the first (a run carries on only with its own): their partitions exist.
-    partitions = _ensure_partitions(context, shards) if wave == 0 else {s: s for s in shards}
     total = sum(records.values())
-    attempts = {r.shard: r.attempt for r in ranges}
+    out = []
     for spec in ranges:
         metadata: dict[str, dg.RawMetadataValue] = {
             "group": dg.MetadataValue.text(resource.group),
@@ -354,18 +441,18 @@ def _process_and_commit(
             "records": dg.MetadataValue.int(records.get(spec.shard, 0)),
             "run_ranges": dg.MetadataValue.int(len(ranges)),
             "run_records": dg.MetadataValue.int(total),
-            "session_s": dg.MetadataValue.float(round(session_s, 3)),
-            "process_s": dg.MetadataValue.float(round(process_s, 3)),
+            "session_s": dg.MetadataValue.float(round(processed.session_s, 3)),
+            "process_s": dg.MetadataValue.float(round(processed.process_s, 3)),
             "wave": dg.MetadataValue.int(wave),
         }
-        if member is not None:
+        if committed.state is not None:
             metadata.update(
                 {
                     "epoch": dg.MetadataValue.int(spec.epoch),
                     "member": dg.MetadataValue.text(str(config.member)),
                     "committed": dg.MetadataValue.int(spec.end),
-                    "mirrored": dg.MetadataValue.bool(mirrored),
-                    "attempt": dg.MetadataValue.int(attempts[spec.shard]),
+                    "mirrored": dg.MetadataValue.bool(committed.mirrored),
+                    "attempt": dg.MetadataValue.int(spec.attempt),
                     "run_key": dg.MetadataValue.text(str(config.run_key)),
                 }
             )
@@ -374,9 +461,9 @@ def _process_and_commit(
         lag = lags.get(spec.shard)
         if lag is not None:
             metadata["lag"] = dg.MetadataValue.int(lag)
-        metadata.update(user_metadata)
-        yield dg.AssetMaterialization(asset_key=asset_key, partition=partitions[spec.shard], metadata=metadata)
-    return marks, state, launches, carrying
+        metadata.update(processed.user_metadata)
+        out.append(dg.AssetMaterialization(asset_key=asset_key, partition=spec.shard, metadata=metadata))
+    return out
 
 
 def _records_wait(ranges: Sequence[sgt.RangeSpec], marks: Mapping[str, Watermarks]) -> bool:
@@ -436,7 +523,7 @@ def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[
         ) from exc
 
 
-def _ensure_partitions(context: dg.AssetExecutionContext, shards: Sequence[str]) -> dict[str, str]:
+def _ensure_partitions(context: dg.AssetExecutionContext, shards: Sequence[str]) -> None:
     """Shard partitions are added by the member sensors; a run of a shard found since (or a backfill run
     by hand) adds its own, so its materialization is never recorded against an unknown partition."""
     partitions = context.assets_def.partitions_def
@@ -445,7 +532,6 @@ def _ensure_partitions(context: dg.AssetExecutionContext, shards: Sequence[str])
     missing = [s for s in shards if s not in known]
     if missing:
         context.instance.add_dynamic_partitions(partitions.name, missing)
-    return {s: s for s in shards}
 
 
 def _watermarks(resource: StreamGroupResource, shards: Sequence[str]) -> dict[str, Watermarks]:

@@ -93,15 +93,18 @@ def counting_asset(
     def events(context: dg.AssetExecutionContext, df: Any) -> dict[str, Any]:
         if fail_with:
             raise fail_with.pop(0)
-        shard_of = (
-            "concat_ws(':', topic, cast(partition as string))" if "topic" in df.columns else "cast(shard as string)"
-        )
-        counts = {row[0]: row[1] for row in df.selectExpr(f"{shard_of} as s").groupBy("s").count().collect()}
-        for r in ranges_of(context):
-            seen.append((r.shard, r.start, r.end, int(counts.get(r.shard, 0))))
-        return {"rows_seen": dg.MetadataValue.int(sum(counts.values()))}
+        return count_ranges(context, df, seen)
 
     return events
+
+
+def count_ranges(context: dg.AssetExecutionContext, df: Any, seen: list[tuple[str, int, int, int]]) -> dict[str, Any]:
+    """Appends (shard, start, end, rows) of each range of ``df`` to ``seen``; the rows seen as metadata."""
+    shard_of = "concat_ws(':', topic, cast(partition as string))" if "topic" in df.columns else "cast(shard as string)"
+    counts = {row[0]: row[1] for row in df.selectExpr(f"{shard_of} as s").groupBy("s").count().collect()}
+    for r in ranges_of(context):
+        seen.append((r.shard, r.start, r.end, int(counts.get(r.shard, 0))))
+    return {"rows_seen": dg.MetadataValue.int(sum(counts.values()))}
 
 
 def sensors_for(asset: dg.AssetsDefinition, members: int = 2) -> list[dg.SensorDefinition]:

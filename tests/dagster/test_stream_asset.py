@@ -13,8 +13,10 @@ from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, r
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
+from tests.dagster.gated_storage import GatedEventLogStorage, gated_instance_overrides
 from tests.dagster.helpers import (
     SensorDriver,
+    count_ranges,
     counting_asset,
     group_name,
     group_resource,
@@ -172,6 +174,92 @@ def test_a_run_carries_on_with_its_shards_next_ranges_in_waves(
         assert not driver.requests(), "nothing left to read"
         state = resource.member(driver.member_id).load()
         assert state is not None and state.unrecorded_runs == {}, "every wave's ranges found recorded"
+
+
+def test_a_carrying_run_reads_its_next_wave_while_the_last_ones_materializations_are_stored(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    """The first materialization waits (up to a minute) in Dagster's storage until the function is called for the
+    next wave: the run ends only if that call came while the materialization was being stored. The next wave is
+    still committed after it, so each shard's materializations stay in offset order."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 400)  # 201 records per partition
+    group = group_name()
+    resource = group_resource(
+        kafka_bootstrap, topic, group, tmp_path, max_records_per_run=200, carry_on_s=120.0, max_wait_s=1.0
+    )
+    seen: list[tuple[str, int, int, int]] = []
+
+    @stream_asset(group=group, name=f"gated_{group}")
+    def gated(context: dg.AssetExecutionContext, df: Any) -> dict[str, Any]:
+        if seen:
+            GatedEventLogStorage.gate.set()
+        return count_ranges(context, df, seen)
+
+    GatedEventLogStorage.reset()
+    with dg.instance_for_test(overrides=gated_instance_overrides(str(tmp_path / "events"))) as instance:
+        driver = SensorDriver(sensors_for(gated, members=1)[0], instance, resource)
+        result = run(gated, instance, resource, spark, driver.request())
+        assert result.success
+        assert GatedEventLogStorage.opened_in_time == [True], "the next wave was read while wave 0 was stored"
+        shards = [f"{topic}:0", f"{topic}:1"]
+        bounds = [(0, 100), (100, 200), (200, 201)]
+        assert seen == [(shard, a, b, b - a) for a, b in bounds for shard in shards]
+        stored = instance.fetch_materializations(dg.AssetKey(f"gated_{group}"), limit=100, ascending=True).records
+        in_order = [
+            (m.partition, m.metadata["start"].value, m.metadata["end"].value)
+            for m in (r.asset_materialization for r in stored)
+            if m is not None
+        ]
+        assert in_order == [(shard, a, b) for a, b in bounds for shard in shards]
+
+
+def test_a_carrying_run_whose_next_wave_fails_keeps_the_committed_waves_materializations(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    """The next wave fails while the committed one's materializations are stored: those are all stored, the run
+    fails with the next wave's error, and that wave's ranges are retried from where the commit left them."""
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 400)  # 201 records per partition
+    group = group_name()
+    resource = group_resource(
+        kafka_bootstrap,
+        topic,
+        group,
+        tmp_path,
+        max_records_per_run=200,
+        carry_on_s=120.0,
+        max_wait_s=1.0,
+        max_attempts=3,
+    )
+    seen: list[tuple[str, int, int, int]] = []
+    calls: list[int] = []
+
+    @stream_asset(group=group, name=f"second_fails_{group}")
+    def second_fails(context: dg.AssetExecutionContext, df: Any) -> dict[str, Any]:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise RuntimeError("bad record in wave 1")
+        return count_ranges(context, df, seen)
+
+    shards = [f"{topic}:0", f"{topic}:1"]
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(second_fails, members=1)[0], instance, resource)
+        failed = run(second_fails, instance, resource, spark, driver.request())
+        assert not failed.success
+        assert "bad record in wave 1" in str(failed.failure_data_for_node(failed.job_def.nodes[0].name))
+        recorded = materializations(failed)
+        assert sorted(recorded) == shards
+        assert all((recorded[s]["start"], recorded[s]["end"], recorded[s]["wave"]) == (0, 100, 0) for s in shards)
+        state = resource.member(driver.member_id).load()
+        assert state is not None
+        assert all(
+            (state.shards[s].committed, state.shards[s].inflight, state.shards[s].attempt) == (100, None, 1)
+            for s in shards
+        )
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 100)
+        retried = sorted(r for request in driver.requests() for r in ranges_of_request(request))
+        assert retried == [(s, 100, 200) for s in shards]
 
 
 def run_logs(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> list[str]:
