@@ -43,6 +43,16 @@ def second_half(points: Sequence[tuple[float, float]], start: float, end: float)
     return [(t, y) for t, y in points if middle <= t <= end]
 
 
+def highest_by_step(points: Sequence[tuple[float, float]], start: float, step_s: float) -> list[float]:
+    """The highest y of each ``step_s`` from ``start`` (a step without points repeats none): the shape of a
+    phase in a line of text, to see where lag built up (a start-up transient, a run's restart, steady growth)."""
+    buckets: dict[int, float] = {}
+    for t, y in points:
+        index = int((t - start) // step_s)
+        buckets[index] = max(y, buckets.get(index, y))
+    return [buckets[i] for i in sorted(buckets)]
+
+
 def peak_growth(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
     """How fast the lag's peaks rise over the second half of ``[start, end]``: the line through the highest
     point of that half's first half and the highest of its last half, in y per second (the two points at

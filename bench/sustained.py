@@ -75,7 +75,7 @@ from typing import Any
 
 from bench import process_cpu
 from bench.deployment import ExampleSettings, finished_runs, queued_s, running_example, running_s
-from bench.figures import peak_growth, percentile, rounded, second_half, slope, sustained, target_line
+from bench.figures import highest_by_step, peak_growth, percentile, rounded, second_half, slope, sustained, target_line
 from bench.lag import LagSampler
 from bench.peer_follow import batches_committed_between, following_peer, wait_committed
 from bench.peer_spark_streaming import PeerSpec, produce_clicks
@@ -379,6 +379,9 @@ def phase(
         "benchmark_cores": round(bench_cpu / elapsed, 3),
         "settle_s": round(settle_s, 1),
         "caught_up": caught_up,
+        "seconds_behind_highest_by_10s": [
+            round(v, 1) for v in highest_by_step([(s.t, s.oldest_age_s) for s in samples], t0, 10.0)
+        ],
     }
     if side.cycle_between is not None:
         figures["cycle"] = side.cycle_between(wall0, wall1)
@@ -396,6 +399,11 @@ def phase(
         f"{figures['sustained_old_rule']}); {figures[f'{side.unit}_per_minute']} {side.unit}/min; "
         f"{figures['deployment_cores']} cores {figures['cores_by_part']}; producer {figures['producer_cores']} cores, "
         f"benchmark {figures['benchmark_cores']}",
+        flush=True,
+    )
+    print(
+        f"{side.name}, {rate:g} events/s: seconds behind, highest of each 10 s: "
+        f"{' '.join(f'{v:g}' for v in figures['seconds_behind_highest_by_10s'])}",
         flush=True,
     )
     if "cycle" in figures:

@@ -13,6 +13,7 @@ from bench import process_cpu
 from bench.e2e import workers_of
 from bench.figures import (
     HighWatermarkHistory,
+    highest_by_step,
     lag_records,
     oldest_unconsumed_age,
     peak_growth,
@@ -293,3 +294,9 @@ def test_rates_option() -> None:
     for bad in ("", "fast", "1000,-5"):
         with pytest.raises(argparse.ArgumentTypeError, match="--rates"):
             parse_rates(bad)
+
+
+def test_highest_by_step_keeps_the_top_of_each_step_in_order() -> None:
+    points = [(100.0, 3.0), (104.0, 5.0), (109.9, 1.0), (110.0, 2.0), (131.0, 7.0)]
+    assert highest_by_step(points, 100.0, 10.0) == [5.0, 2.0, 7.0]
+    assert highest_by_step([], 100.0, 10.0) == []
