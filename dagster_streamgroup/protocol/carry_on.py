@@ -71,7 +71,7 @@ def carry_on(
 
 def _forget_recorded_waves(state: GroupState, run_key: str) -> GroupState:
     """The run's unrecorded entry keeps each shard's last two ranges, no earlier ones: a run records a wave's
-    materializations before it reads the next, so what came before the wave before is recorded, and the entry of
+    materializations before it commits the next, so what came before the wave before is recorded, and the entry of
     a run that carries on for hours stays two waves long."""
     entry = state.unrecorded_runs.get(run_key)
     if entry is None:
