@@ -2,8 +2,8 @@
 
 ``python -m bench.sustained [--rates 1000,20000,50000,75000,100000,150000] [--minutes 3] [--sides ours,peer]
 [--partitions 32] [--members 3] [--spark connect|local] [--max-records-per-run N] [--peer-parallelism 2]
-[--peer-driver-memory 2g] [--warmup-records 8000] [--sample-s 2] [--settle-s 60] [--growth-tolerance 0.02]
-[--behind-tolerance 0.2] [--max-p95-behind-s 30] [--timeout 300]``
+[--peer-driver-memory 2g] [--warmup-records 8000] [--warmup-rate 50000] [--warmup-s 60] [--sample-s 2]
+[--settle-s 60] [--growth-tolerance 0.02] [--behind-tolerance 0.2] [--max-p95-behind-s 30] [--timeout 300]``
 
 Two sides, one after the other on the same local broker, each on a ``--partitions`` topic of its own, with
 the same producer, rates, windows and rules:
@@ -18,7 +18,9 @@ the same producer, rates, windows and rules:
   ``local[--peer-parallelism]`` session in a process of its own; what it has committed is the end offsets of
   the last batch committed to its checkpoint; its units of work are those micro-batches.
 
-Each side drains ``--warmup-records`` first. Then, for each rate of ``--rates`` (events/s) in order, a producer
+Each side drains ``--warmup-records`` first, then follows a warm-up stream of ``--warmup-rate`` events/s for
+``--warmup-s`` and catches up (``warmup_stream``; its Spark JVM compiles for its first minutes of work, which
+would otherwise fall on the first rate). Then, for each rate of ``--rates`` (events/s) in order, a producer
 process (``bench.producer``: the example's events, batched) writes for ``--minutes`` while the benchmark
 samples, every ``--sample-s``, the broker's high watermarks and what the side has committed. Per rate:
 
@@ -298,6 +300,48 @@ def settle(sampler: LagSampler, side: Side, settle_s: float) -> tuple[float, boo
     return time.monotonic() - started, False
 
 
+def warm_up_stream(
+    args: argparse.Namespace, broker: BrokerInfo, side: Side, sampler: LagSampler, work: Path
+) -> dict[str, Any]:
+    """A steady stream at ``--warmup-rate`` for ``--warmup-s``, then caught up, before the first measured rate.
+
+    A side's Spark JVM meets its first few dozen jobs of the function cold: its JIT compiles for the first
+    minutes of Spark work (a wave of 11 small ranges took 2.3 s of the Connect server's CPU as its first and
+    0.75 s as its fortieth, most of the difference in the JVM's compiler threads), so whichever rate came
+    first was judged on a cold start. A deployment that has been running for a while is the one to measure;
+    both sides get the same stream."""
+    if args.warmup_s <= 0 or args.warmup_rate <= 0:
+        return {}
+    side.check()
+    producer = start_producer(
+        broker, side.topic, args.partitions, args.warmup_rate, args.warmup_s, work / "producer.log"
+    )
+    try:
+        out, _ = producer.communicate(timeout=args.warmup_s + COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        producer.kill()
+        producer.wait()
+        raise
+    if producer.returncode != 0:
+        raise RuntimeError(f"the warm-up producer exited with {producer.returncode}; see {work}")
+    produced = json.loads(out.strip().splitlines()[-1])
+    settle_s, caught_up = settle(sampler, side, max(args.settle_s, args.timeout))
+    print(
+        f"{side.name}: warm-up stream of {args.warmup_rate:g} events/s for {args.warmup_s:g} s "
+        f"({produced['events_per_s']} reached), caught up after {settle_s:.1f} s: {caught_up}",
+        flush=True,
+    )
+    return {
+        "warmup_stream": {
+            "events_per_s": args.warmup_rate,
+            "seconds": args.warmup_s,
+            "producer_events_per_s": produced["events_per_s"],
+            "caught_up": caught_up,
+            "settle_s": round(settle_s, 1),
+        }
+    }
+
+
 def phase(
     args: argparse.Namespace, rate: float, broker: BrokerInfo, side: Side, sampler: LagSampler, work: Path
 ) -> dict[str, Any]:
@@ -513,6 +557,7 @@ def our_side(
             )
             sampler = LagSampler(example.backend, example.group, example.shards, args.sample_s).start()
             try:
+                report(warm_up_stream(args, broker, side, sampler, work))
                 phases, stopped = ladder(args, broker, side, sampler, work)
             finally:
                 sampler.stop()
@@ -561,6 +606,7 @@ def peer_side(
             )
             sampler = LagSampler(backend, "", shards, args.sample_s, committed_offsets=side.committed).start()
             try:
+                report(warm_up_stream(args, broker, side, sampler, work))
                 phases, stopped = ladder(args, broker, side, sampler, work)
             finally:
                 sampler.stop()
@@ -593,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-parallelism", type=int, default=2, help="N of the peer's local[N] session")
     parser.add_argument("--peer-driver-memory", default="2g", help="the peer's driver heap (the Connect server's)")
     parser.add_argument("--warmup-records", type=int, default=8_000, help="drained before the first rate")
+    parser.add_argument("--warmup-rate", type=float, default=50_000.0, help="events/s of the warm-up stream (0: none)")
+    parser.add_argument(
+        "--warmup-s", type=float, default=60.0, help="seconds of the warm-up stream, caught up before the first rate"
+    )
     parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between lag samples")
     parser.add_argument("--settle-s", type=float, default=60.0, help="at most this long to catch up after a rate")
     parser.add_argument(
@@ -621,9 +671,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-records-per-run must be >= 1")
     if not 0.5 <= args.sample_s <= 30 or args.settle_s < 0 or not 0 <= args.growth_tolerance < 1:
         parser.error("--sample-s must be within 0.5..30, --settle-s >= 0, --growth-tolerance within [0, 1)")
+    if args.warmup_rate < 0 or not 0 <= args.warmup_s <= 600:
+        parser.error("--warmup-rate must be >= 0 and --warmup-s within 0..600")
     if args.behind_tolerance < 0 or args.max_p95_behind_s <= 0:
         parser.error("--behind-tolerance must be >= 0 and --max-p95-behind-s > 0")
-    per_side = len(args.rates) * (args.minutes + args.settle_s / 60) + 2 * args.timeout / 60
+    per_side = len(args.rates) * (args.minutes + args.settle_s / 60) + (args.warmup_s + 3 * args.timeout) / 60
     print(
         f"{' then '.join(args.sides)}: rates {args.rates} events/s, {args.minutes:g} min each: at most "
         f"~{len(args.sides) * per_side:.0f} min",
