@@ -5,7 +5,8 @@ The rest of the package uses Dagster as a library; these modules replace or call
 worth it on a 2-core machine (docs/benchmarks.md, docs/launcher.md):
 
 - ``migrations``: alembic's migration scripts parsed once per process for Dagster's schema checks;
-- ``sqlite_engines``: one SQLAlchemy engine per SQLite database file for Dagster's SQLite storages;
+- ``sqlite_engines``: one SQLAlchemy engine per SQLite database file for Dagster's SQLite storages, keeping its
+  connections open between uses;
 - ``resource_schema``: the config schema of this package's resources inferred once per class;
 - ``schema_checks``: the schedule storage's "does this table or index exist" answered once it is yes;
 - ``run_coordinator``: member runs launched at submit by ``MemberRunCoordinator`` (the queue's private test of
