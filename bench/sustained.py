@@ -300,6 +300,20 @@ def settle(sampler: LagSampler, side: Side, settle_s: float) -> tuple[float, boo
     return time.monotonic() - started, False
 
 
+def producer_result(producer: Any, seconds: float, what: str, work: Path) -> dict[str, Any]:
+    """What a producer started by ``start_producer`` printed last, once it has produced for ``seconds``."""
+    try:
+        out, _ = producer.communicate(timeout=seconds + COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        producer.kill()
+        producer.wait()
+        raise
+    if producer.returncode != 0:
+        raise RuntimeError(f"{what} exited with {producer.returncode}; see {work}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
 def warm_up_stream(
     args: argparse.Namespace, broker: BrokerInfo, side: Side, sampler: LagSampler, work: Path
 ) -> dict[str, Any]:
@@ -316,15 +330,7 @@ def warm_up_stream(
     producer = start_producer(
         broker, side.topic, args.partitions, args.warmup_rate, args.warmup_s, work / "producer.log"
     )
-    try:
-        out, _ = producer.communicate(timeout=args.warmup_s + COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        producer.kill()
-        producer.wait()
-        raise
-    if producer.returncode != 0:
-        raise RuntimeError(f"the warm-up producer exited with {producer.returncode}; see {work}")
-    produced = json.loads(out.strip().splitlines()[-1])
+    produced = producer_result(producer, args.warmup_s, "the warm-up producer", work)
     settle_s, caught_up = settle(sampler, side, max(args.settle_s, args.timeout))
     print(
         f"{side.name}: warm-up stream of {args.warmup_rate:g} events/s for {args.warmup_s:g} s "
@@ -355,15 +361,7 @@ def phase(
     cpu_before, bench_cpu_before = process_cpu.cpu_by_part(side.cpu_roots), time.process_time()
     first = sampler.sample()
     t0, wall0 = time.monotonic(), time.time()
-    try:
-        out, _ = producer.communicate(timeout=seconds + COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        producer.kill()
-        producer.wait()
-        raise
-    if producer.returncode != 0:
-        raise RuntimeError(f"the producer at {rate:g} events/s exited with {producer.returncode}; see {work}")
-    produced = json.loads(out.strip().splitlines()[-1])
+    produced = producer_result(producer, seconds, f"the producer at {rate:g} events/s", work)
     last = sampler.sample()
     t1, wall1 = time.monotonic(), time.time()
     cpu_after, bench_cpu = process_cpu.cpu_by_part(side.cpu_roots), time.process_time() - bench_cpu_before
