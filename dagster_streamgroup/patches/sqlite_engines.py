@@ -17,7 +17,7 @@ make a kept connection safe where a new one was:
   event log's files) makes the connection be dropped at its next checkout and a new one opened on the file now
   at that path, instead of reading or writing the deleted one;
 - **the process it was opened in**: SQLite connections must not cross a ``fork``; a child forgets the parent's
-  engines and opens its own (the parent's are kept unreferenced-but-alive, never closed or used in the child);
+  engines and opens its own (it holds the parent's for good, never using or closing them);
 - **the thread**: a connection goes to one thread at a time (the pool's checkout), so ``check_same_thread``
   is off as the pool needs.
 
