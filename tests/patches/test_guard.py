@@ -17,7 +17,6 @@ from alembic.script import ScriptDirectory
 from dagster._config.pythonic_config import config as pythonic_config
 from dagster._config.pythonic_config import resource as pythonic_resource
 from dagster._core.storage import sql
-from dagster._core.storage.schedules.sql_schedule_storage import SqlScheduleStorage
 
 from dagster_streamgroup import patches
 from dagster_streamgroup.dagster import member_sensors
@@ -49,9 +48,11 @@ def unverified(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pythonic_resource, "infer_schema_from_config_class", dagsters_own)
     for name in sqlite_engines.STORAGE_MODULES:
         monkeypatch.setattr(importlib.import_module(name), "create_engine", db.create_engine)
-    for name in schema_checks.CHECKS:
-        method = SqlScheduleStorage.__dict__[name]
-        monkeypatch.setattr(SqlScheduleStorage, name, getattr(method, "__streamgroup_original__", method))
+    for target in schema_checks.TARGETS:
+        storage_class = target.storage_class()
+        for name in target.methods:
+            method = storage_class.__dict__[name]
+            monkeypatch.setattr(storage_class, name, getattr(method, "__streamgroup_original__", method))
 
 
 def test_on_another_release_every_patch_stays_off_with_one_warning(
@@ -70,8 +71,10 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
     assert getattr(pythonic_resource, "infer_schema_from_config_class") is dagsters_own  # noqa: B009
     for name in sqlite_engines.STORAGE_MODULES:
         assert importlib.import_module(name).create_engine is db.create_engine
-    for name in schema_checks.CHECKS:
-        assert not hasattr(SqlScheduleStorage.__dict__[name], "__streamgroup_original__"), f"{name} is Dagster's own"
+    for target in schema_checks.TARGETS:
+        for name in target.methods:
+            method = target.storage_class().__dict__[name]
+            assert not hasattr(method, "__streamgroup_original__"), f"{target.class_name}.{name} is Dagster's own"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert UNVERIFIED in warnings[0] and "1.13.27" in warnings[0] and "stay off" in warnings[0]
@@ -82,7 +85,7 @@ PRIVATE_MODULES = (
     "dagster._config.pythonic_config.config",
     "dagster._config.pythonic_config.resource",
     *sqlite_engines.STORAGE_MODULES,
-    schema_checks.STORAGE_MODULE,
+    *schema_checks.STORAGE_MODULES,
     "dagster._core.storage.dagster_run",
     "dagster._utils.tags",
 )

@@ -1,5 +1,6 @@
-"""The schedule storage's schema checks answered once they say yes: a SQLite instance keeps its sensor states
-and ticks as before, a yes is no longer asked of the database, and a no still is (a migration is seen)."""
+"""The SQL storages' schema checks answered once they say yes: a SQLite instance keeps its sensor states, ticks,
+runs and asset events as before, a yes is no longer asked of the database, and a no still is (a migration is
+seen)."""
 
 from __future__ import annotations
 
@@ -28,17 +29,18 @@ from dagster_streamgroup.patches import schema_checks
 
 @pytest.fixture
 def installed() -> Iterator[None]:
-    before = {name: SqlScheduleStorage.__dict__[name] for name in schema_checks.CHECKS}
+    classes = [(target.storage_class(), target.methods) for target in schema_checks.TARGETS]
+    before = [(cls, name, cls.__dict__[name]) for cls, names in classes for name in names]
     try:
         assert schema_checks.install() and schema_checks.install(), "installing twice is harmless"
-        for name in schema_checks.CHECKS:
-            wrapped = SqlScheduleStorage.__dict__[name]
-            assert getattr(wrapped, "__streamgroup_original__", None) is not None, f"{name} not installed"
+        for cls, name, _method in before:
+            wrapped = cls.__dict__[name]
+            assert getattr(wrapped, "__streamgroup_original__", None) is not None, f"{cls.__name__}.{name} not installed"
             assert getattr(wrapped.__streamgroup_original__, "__streamgroup_original__", None) is None, "wrapped once"
         yield
     finally:
-        for name, method in before.items():
-            setattr(SqlScheduleStorage, name, method)
+        for cls, name, method in before:
+            setattr(cls, name, method)
 
 
 @pytest.fixture
@@ -103,3 +105,59 @@ def test_a_sqlite_instance_keeps_sensor_states_and_ticks(installed: None, tmp_pa
         ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
         assert [t.status for t in ticks] == [TickStatus.SKIPPED]
         assert isinstance(ticks[0], InstigatorTick)
+
+
+def test_run_records_and_materializations_ask_the_schema_once(installed: None, tmp_path: Path) -> None:
+    """The run storage's column check (at every ``get_run_records``) and the event log's table and column checks
+    (as it stores a materialization) are asked of the database once, and runs and asset events read back as
+    before. A run's own event-log file is created with the whole schema (Dagster asks about each table then);
+    only the statements on the runs' and the index's databases count."""
+    seen: list[tuple[str, str]] = []
+
+    def record(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append((str(conn.engine.url), statement))
+
+    def schema_reads(database: str) -> list[str]:
+        return [s for url, s in seen if url.endswith(database) and ("PRAGMA" in s.upper() or "sqlite_master" in s)]
+
+    @dg.asset
+    def counted() -> dg.MaterializeResult:
+        return dg.MaterializeResult(metadata={"records": 3})
+
+    db.event.listen(Engine, "before_cursor_execute", record)
+    try:
+        with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+            assert dg.materialize([counted], instance=instance, tags={"kind": "first"}).success
+            seen.clear()
+            for _ in range(3):
+                assert len(instance.get_run_records(dg.RunsFilter(tags={"kind": "first"}))) == 1
+            assert schema_reads("runs.db") == [], "a yes was asked again"
+            assert any(url.endswith("runs.db") for url, _ in seen), "the runs were read from runs.db"
+
+            seen.clear()
+            result = dg.materialize([counted], instance=instance, tags={"kind": "second"})
+            assert result.success
+            assert schema_reads("index.db") == [], "the event log's tables and columns were inspected again"
+            assert schema_reads("runs.db") == []
+            event = instance.get_latest_materialization_event(dg.AssetKey("counted"))
+            assert event is not None and event.run_id == result.run_id
+            assert event.asset_materialization is not None
+            assert event.asset_materialization.metadata["records"] == dg.MetadataValue.int(3)
+            records = instance.get_run_records(dg.RunsFilter(tags={"kind": "second"}))
+            assert [r.dagster_run.run_id for r in records] == [result.run_id]
+            assert records[0].start_time is not None and records[0].end_time is not None, "run stats columns read"
+    finally:
+        db.event.remove(Engine, "before_cursor_execute", record)
+
+
+def test_the_event_log_asks_again_about_a_table_it_lacks(installed: None, statements: list[str], tmp_path: Path) -> None:
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        storage = instance.event_log_storage
+        assert storage.has_table("event_logs")
+        statements.clear()
+        assert storage.has_table("event_logs")
+        assert statements == [], "a yes is answered without asking the database"
+        assert not storage.has_table("streamgroup_no_such_table")
+        assert not storage.has_table("streamgroup_no_such_table"), "a no is asked again (and still no)"
+        asked = [s for s in statements if "streamgroup_no_such_table" in str(s) or "sqlite_master" in s]
+        assert len(asked) >= 2, statements
