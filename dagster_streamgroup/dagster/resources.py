@@ -108,15 +108,6 @@ TICK_WAIT_MARGIN_S = 1.5
 """What a tick that waited for a run still needs before the daemon's next pass: its second plan and the
 daemon's launch of the runs it requests."""
 
-SENSOR_CALL_TIMEOUT_S = 60.0
-"""How long Dagster's daemon waits for a sensor evaluation unless told otherwise (its gRPC timeout:
-``DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS``, else ``DAGSTER_GRPC_TIMEOUT_SECONDS``, else 60 s)."""
-
-SENSOR_CALL_MARGIN_S = 15.0
-"""What a waiting tick leaves of the daemon's timeout: its last plan, and the call's own time on the way."""
-
-MAX_TICK_WAIT_S = SENSOR_CALL_TIMEOUT_S - SENSOR_CALL_MARGIN_S
-
 
 class StreamGroupConfigError(ValueError):
     """A group resource's configuration is invalid; the message names the field."""
@@ -160,13 +151,12 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         "for them; a run whose shards are caught up ends); 0: a run per wave of ranges.",
     )
     tick_wait_s: float = Field(
-        default=30.0,
-        description="A tick with nothing to launch while this member's runs are in flight waits up to this long "
-        "for one of them to end, heartbeating meanwhile (a member tick every heartbeat_interval_s, every 5 s at "
-        "the fastest), and launches the next ranges in the same tick once one ends: no daemon pass in between, "
-        "and one evaluation of the sensor per run instead of one per pass. Only where the daemon evaluates "
-        "sensors in threads (sensors: use_threads in dagster.yaml), with more num_workers than member sensors; "
-        "at most 45 s (Dagster gives a sensor evaluation 60 s); 0 turns it off.",
+        default=3.0,
+        description="A tick with nothing to launch while this member's runs are in flight and at least min_backlog "
+        "records wait behind them waits up to this long for one of those runs to end, and launches the next "
+        "ranges in the same tick instead of the next one (Dagster ticks sensors every 5 s at the fastest). Only "
+        "where the daemon evaluates sensors in threads (sensors: use_threads in dagster.yaml), with more "
+        "num_workers than member sensors; 0 turns it off.",
     )
     mirror_keep_alive_s: float = Field(
         default=3600.0,
@@ -228,11 +218,12 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         for name in ("spark_split_records", "lag_alert_records", "spark_pack_records"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
-        if not 0 <= self.tick_wait_s <= MAX_TICK_WAIT_S:
+        longest_wait = max(self.heartbeat_interval_s, DAEMON_LOOP_S) - TICK_WAIT_MARGIN_S
+        if not 0 <= self.tick_wait_s <= longest_wait:
             raise ValueError(
-                f"tick_wait_s: must be between 0 and {MAX_TICK_WAIT_S:g} s (Dagster's daemon gives a sensor "
-                f"evaluation {SENSOR_CALL_TIMEOUT_S:g} s, and a waiting tick still plans at its end), "
-                f"got {self.tick_wait_s:g}"
+                f"tick_wait_s: must be between 0 and {longest_wait:g} s (a tick must end {TICK_WAIT_MARGIN_S:g} s "
+                f"before the daemon's next pass, every {max(self.heartbeat_interval_s, DAEMON_LOOP_S):g} s, or the "
+                f"pass skips the member), got {self.tick_wait_s:g}"
             )
         self.policy()
         if self.store_url is not None and not self._from_env_var("store_url"):

@@ -5,10 +5,9 @@ operator stopped leave the group, run the member tick (heartbeat, evict, rebalan
 run in flight (one per member tick over all its ready shards, by default) whose Dagster run does not exist
 yet. Requests are deterministic, so a run recorded by a tick that died before Dagster launched it is requested
 again under the same run key. A tick does a few short broker and store calls and never touches Spark. With
-nothing to launch while its runs are in flight, a tick waits (``tick_wait_s``) for one of them to end, taking
-the member's heartbeat meanwhile, and plans again: a draining member launches its next run at once rather than
-at the daemon's next pass, and Dagster evaluates the sensor once per run instead of once per pass (each
-evaluation a tick row, the sensor's state and a gRPC call between the daemon and the code server).
+nothing to launch while its runs are in flight and a backlog behind them, a tick waits (``tick_wait_s``) for
+one of those runs to end and plans again, so a draining member launches its next run at once rather than at
+the daemon's next pass.
 
 The member id is the sensor name and the deployment (``<sensor>@<deployment>``): a restarted daemon resumes the
 same membership instead of waiting out a session timeout, and two deployments of the same code (each with its
@@ -35,8 +34,6 @@ from dagster_streamgroup.dagster import tick_context
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
 from dagster_streamgroup.dagster.resources import (
     DAEMON_LOOP_S,
-    SENSOR_CALL_MARGIN_S,
-    SENSOR_CALL_TIMEOUT_S,
     TICK_WAIT_MARGIN_S,
     StreamGroupConfigError,
     StreamGroupResource,
@@ -173,7 +170,6 @@ def evaluate_member_tick(
     instance = tick_context.tick_instance(context)
     deployment = deployment_id(instance)
     member_id = member_identity(sensor_name, deployment)
-    generation = _tick_started(member_id)
     member = resource.member(member_id)
     before = member.load()
     cursor = _Cursor.parse(context.cursor)
@@ -192,16 +188,11 @@ def evaluate_member_tick(
     if instance is not None:
         notes += _cancel_fenced_queued_runs(instance, member_id, {sgt.dagster_run_key(x) for x in in_flight})
     runs = _not_launched_yet(instance, list(protocol.runs_of(report.to_request).values()), member_id)
-    if (
-        instance is not None
-        and not runs
-        and _may_wait_in_tick(instance, resource, _sensors_in_location(context, len(peers)))
-    ):
-        watch = _WaitWatch(instance, member_id, sensor_name, _repository_of(context), generation)
-        waited = _wait_for_a_run_to_end(resource, member, report, started, tick_s, watch)
+    if not runs and _may_wait_in_tick(instance, resource, _sensors_in_location(context, len(peers))):
+        waited = _wait_for_a_run_to_end(resource, member, report, started, tick_s)
         if waited is not None:
-            report, said = waited
-            notes += said
+            notes.append(waited)
+            report = member.tick()
             runs = _not_launched_yet(instance, list(protocol.runs_of(report.to_request).values()), member_id)
     op_name = target.asset.node_def.name
     requests = [
@@ -268,116 +259,38 @@ def _may_wait_in_tick(instance: dg.DagsterInstance | None, resource: StreamGroup
     return int(workers) > sensors
 
 
-WAIT_POLL_S = 0.5
-"""How often a waiting tick reads the group state for the end of its runs: a commit is seen within half a second,
-for a read of the state's new rows (or of none) twice a second."""
-SHUTDOWN_CHECK_S = 1.0
-"""How soon a waiting tick sees its code server shutting down (its main thread ended: Ctrl-C, ``dagster dev``
-stopped), so a shutdown that waits for the calls in flight is not held up by the wait."""
-
-_generations_lock = threading.Lock()
-_generations: dict[str, int] = {}
-"""The latest tick of each member in this code server: a waiting tick whose member ticks again (the daemon
-restarted and ticked anew while the old call was still waiting) stops waiting."""
-
-
-def _tick_started(member_id: str) -> int:
-    with _generations_lock:
-        generation = _generations.get(member_id, 0) + 1
-        _generations[member_id] = generation
-        return generation
-
-
-@dataclass(frozen=True)
-class _WaitWatch:
-    """What ends a tick's wait before its runs do: a newer tick of the same member, or its sensor stopped in
-    Dagster (the wait's heartbeats would otherwise keep a stopped member in the group, or join it again after a
-    peer made it leave)."""
-
-    instance: dg.DagsterInstance
-    member_id: str
-    sensor_name: str
-    repository: tuple[str | None, str | None]
-    generation: int
-
-    def why_stop(self) -> str | None:
-        with _generations_lock:
-            if _generations.get(self.member_id) != self.generation:
-                return "a newer tick of this member started"
-        if self.sensor_name in _stopped_sensors(self.instance, {self.sensor_name}, self.repository):
-            return "its sensor was stopped in Dagster"
-        return None
-
-
-def sensor_call_budget_s() -> float:
-    """Seconds Dagster's daemon waits for a sensor evaluation, as this process's environment sets it."""
-    for name in ("DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS", "DAGSTER_GRPC_TIMEOUT_SECONDS"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            try:
-                return float(value)
-            except ValueError:
-                break
-    return SENSOR_CALL_TIMEOUT_S
-
-
 def _wait_for_a_run_to_end(
-    resource: StreamGroupResource,
-    member: GroupMember,
-    report: TickReport,
-    started: float,
-    tick_s: float,
-    watch: _WaitWatch,
-) -> tuple[TickReport, list[str]] | None:
-    """With nothing to launch while its runs are in flight, the member waits for one of them to end, within
-    ``tick_wait_s`` of the tick's start (and inside Dagster's timeout for the call), and plans again when one
-    does: the shards' next ranges launch now, not a daemon pass later. Meanwhile it takes a member tick each
-    ``heartbeat_interval_s`` (every daemon pass at the fastest), as the daemon's ticks would: its heartbeat,
-    and the rebalances, evictions and ranges that tick would plan. Anything such a tick plans or changes (new
-    ranges, shards gained or lost, a group event), a run of the member that Dagster saw end without reporting
-    (settled as the next tick would), a newer tick of the member or its sensor stopped ends the wait, and the
-    tick returns what it has. Returns the last member tick's report and what the wait did, or None where it
-    did not wait (the tick goes on as it was)."""
-    budget = min(resource.tick_wait_s, sensor_call_budget_s() - SENSOR_CALL_MARGIN_S)
-    cadence = max(resource.heartbeat_interval_s, DAEMON_LOOP_S)
-    if not report.inflight or budget - (time.monotonic() - started) - tick_s <= 0:
+    resource: StreamGroupResource, member: GroupMember, report: TickReport, started: float, tick_s: float
+) -> str | None:
+    """With nothing to launch while its runs are in flight and a run's worth of records (``min_backlog``) wait
+    behind them, the member waits for one of those runs to end, within ``tick_wait_s`` of the tick's start, so
+    their shards' next ranges launch now instead of a daemon pass later. Returns what happened when it waited
+    and a run ended, else None (the tick goes on as it was)."""
+    mine = report.inflight
+    if not mine or resource.tick_wait_s - (time.monotonic() - started) - tick_s <= 0:
+        return None
+    try:
+        marks = resource.backend().watermarks(sorted({x.shard for x in mine}))
+    except StreamError:
+        return None
+    # What is left once the watermarks came back, keeping the time of the second member tick (as long as the
+    # first): the tick as a whole ends within tick_wait_s, however slow the broker.
+    left = resource.tick_wait_s - (time.monotonic() - started) - tick_s
+    if left <= 0:
+        return None
+    highs = {shard: mark.high for shard, mark in marks.items()}
+    if protocol.waiting_behind_inflight(report.state, report.member_id, highs) < resource.min_backlog:
         return None
     if not _TICK_WAIT_SLOTS.acquire(blocking=False):
         return None
-    waiting_since = time.monotonic()
-    next_heartbeat = waiting_since + cadence
-    heartbeats = 0
     try:
-        while True:
-            # What is left, keeping the time of one more member tick (as long as the first): the tick as a whole
-            # ends within its budget, however slow the broker or the store.
-            left = budget - (time.monotonic() - started) - tick_s
-            keys = {x.run_key for x in report.inflight}
-            if not keys or left <= 0:
-                break
-            until_heartbeat = next_heartbeat - time.monotonic()
-            ended = member.wait_for_run_end(keys, max(0.0, min(until_heartbeat, left, SHUTDOWN_CHECK_S)), WAIT_POLL_S)
-            if not threading.main_thread().is_alive():
-                return report, ["stopped waiting: the code server is shutting down"]
-            if not ended and time.monotonic() < min(next_heartbeat, started + budget - tick_s):
-                continue
-            stop = watch.why_stop()
-            if stop is not None:
-                return report, [f"stopped waiting after {time.monotonic() - waiting_since:.1f} s: {stop}"]
-            settled = _settle_ended_runs(member, watch.instance, report.state, watch.member_id)
-            report = member.tick()
-            heartbeats += 1
-            next_heartbeat = time.monotonic() + cadence
-            waited = time.monotonic() - waiting_since
-            if ended:
-                return report, [*settled, f"a run in flight ended {waited:.2f} s into the tick's wait: planned again"]
-            if settled or report.new_launches or report.gained or report.lost or report.new_events:
-                return report, [*settled, f"the group changed {waited:.1f} s into the tick's wait: planned again"]
+        waiting_since = time.monotonic()
+        ended = member.wait_for_run_end({x.run_key for x in mine}, left)
     finally:
         _TICK_WAIT_SLOTS.release()
-    if heartbeats == 0:
+    if not ended:
         return None
-    return report, [f"waited {time.monotonic() - waiting_since:.1f} s for a run in flight, {heartbeats} heartbeats"]
+    return f"a run in flight ended {time.monotonic() - waiting_since:.2f} s into the tick's wait: planned again"
 
 
 DEPLOYMENT_ENV = "STREAMGROUP_DEPLOYMENT"
@@ -444,7 +357,16 @@ def _leave_stopped_peers(
     candidates = {name: mid for name, mid in peers.items() if mid in state.members}
     if not candidates:
         return []
-    stopped = sorted(candidates[name] for name in _stopped_sensors(instance, set(candidates), repository))
+    location, repository_name = repository
+    states = [
+        s
+        for s in instance.all_instigator_state(
+            instigator_type=InstigatorType.SENSOR, instigator_statuses={InstigatorStatus.STOPPED}
+        )
+        if (repository_name is None or s.repository_selector.repository_name == repository_name)
+        and (location is None or s.repository_selector.location_name == location)
+    ]
+    stopped = sorted(candidates[s.instigator_name] for s in states if s.instigator_name in candidates)
     notes = []
     for peer in stopped:
 
@@ -457,22 +379,6 @@ def _leave_stopped_peers(
         if left:
             notes.append(f"{peer} is stopped in Dagster and left the group")
     return notes
-
-
-def _stopped_sensors(
-    instance: dg.DagsterInstance, names: set[str], repository: tuple[str | None, str | None]
-) -> set[str]:
-    """Which of the sensors ``names`` of this code location and repository are STOPPED in Dagster."""
-    location, repository_name = repository
-    return {
-        s.instigator_name
-        for s in instance.all_instigator_state(
-            instigator_type=InstigatorType.SENSOR, instigator_statuses={InstigatorStatus.STOPPED}
-        )
-        if s.instigator_name in names
-        and (repository_name is None or s.repository_selector.repository_name == repository_name)
-        and (location is None or s.repository_selector.location_name == location)
-    }
 
 
 def _not_launched_yet(

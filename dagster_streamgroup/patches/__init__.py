@@ -8,7 +8,7 @@ worth it on a 2-core machine (docs/benchmarks.md, docs/launcher.md):
 - ``sqlite_engines``: one SQLAlchemy engine per SQLite database file for Dagster's SQLite storages, keeping its
   connections open between uses;
 - ``resource_schema``: the config schema of this package's resources inferred once per class;
-- ``schema_checks``: the schedule storage's "does this table or index exist" answered once it is yes;
+- ``schema_checks``: the SQL storages' "does this table, column or index exist" answered once it is yes;
 - ``run_coordinator``: member runs launched at submit by ``MemberRunCoordinator`` (the queue's private test of
   the instance's limits).
 
@@ -35,7 +35,7 @@ PATCHES = (
     "the migration-script cache",
     "the shared SQLite engines",
     "the resource-schema cache",
-    "the schedule storage's schema-check cache",
+    "the storages' schema-check cache",
     "member runs launched at submit",
 )
 """What switching off costs, named in the warning."""

@@ -236,7 +236,7 @@ def test_a_store_url_holding_a_password_is_an_env_ref(sandbox: DefsFolderSandbox
         ({"function": "process"}, r":4 - attributes\.function: 'process' is not module:function"),
         ({"function": "no_such_module:process"}, r"attributes\.function: cannot import 'no_such_module'"),
         ({"heartbeat_interval_s": "10", "session_timeout_s": "12"}, r":\d+ - attributes\.session_timeout_s: "),
-        ({"tick_wait_s": "50"}, r"attributes\.tick_wait_s: must be between 0 and 45 s"),
+        ({"tick_wait_s": "9"}, r"attributes\.tick_wait_s: must be between 0 and 3.5 s"),
         ({"run_mode": "everything"}, r"attributes\.run_mode: Input should be 'member' or 'shard'"),
         ({"spark": "{remote: http://x:1}"}, r"attributes\.spark\.remote: must be a Spark Connect URL"),
     ],

@@ -35,7 +35,7 @@ def installed() -> Iterator[None]:
         assert schema_checks.install() and schema_checks.install(), "installing twice is harmless"
         for cls, name, _method in before:
             wrapped = cls.__dict__[name]
-            assert getattr(wrapped, "__streamgroup_original__", None) is not None, f"{cls.__name__}.{name} not installed"
+            assert getattr(wrapped, "__streamgroup_original__", None) is not None, f"{cls.__name__}.{name} missing"
             assert getattr(wrapped.__streamgroup_original__, "__streamgroup_original__", None) is None, "wrapped once"
         yield
     finally:
@@ -150,7 +150,9 @@ def test_run_records_and_materializations_ask_the_schema_once(installed: None, t
         db.event.remove(Engine, "before_cursor_execute", record)
 
 
-def test_the_event_log_asks_again_about_a_table_it_lacks(installed: None, statements: list[str], tmp_path: Path) -> None:
+def test_the_event_log_asks_again_about_a_table_it_lacks(
+    installed: None, statements: list[str], tmp_path: Path
+) -> None:
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
         storage = instance.event_log_storage
         assert storage.has_table("event_logs")
