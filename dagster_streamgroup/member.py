@@ -356,7 +356,7 @@ class GroupMember:
         return launches, stats.state
 
     def touch_run(self, reports: Sequence[RangeReport]) -> None:
-        """The run of ``reports`` says it is alive (every heartbeat while it executes)."""
+        """The run of ``reports`` says it is alive (three times per session timeout while it executes)."""
 
         def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, None]:
             if current is None:

@@ -34,7 +34,7 @@ import dagster as dg
 
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, parked_check_result
-from dagster_streamgroup.dagster.liveness import RunHeartbeat
+from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
 from dagster_streamgroup.member import ContentionError, GroupMember
 from dagster_streamgroup.protocol import GroupState, Launch, RangeReport, report_of
@@ -241,7 +241,11 @@ def run_ranges(
     mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
     context.log.info(f"{resource.group}: {len(ranges)} range(s) as {mode}: {_describe(ranges)}")
 
-    heartbeat = RunHeartbeat(member, reports, resource.heartbeat_interval_s) if member is not None and reports else None
+    heartbeat = (
+        RunHeartbeat(member, reports, run_beat_interval_s(resource.heartbeat_interval_s, resource.session_timeout_s))
+        if member is not None and reports
+        else None
+    )
     carry_until = (
         time.monotonic() + resource.carry_on_s if member is not None and resource.run_mode == "member" else 0.0
     )

@@ -1,8 +1,9 @@
-"""A run's heartbeat: while it executes, it says so in the group state every member heartbeat.
+"""A run's heartbeat: while it executes, it says so in the group state, three times per session timeout.
 
 A member that departs leaves its runs in flight to drain: they may still commit. Whether they can is only
 known to the run itself, so it says it is alive; once it stops (its process was killed, its deployment lost),
-the group relaunches its ranges after a session timeout instead of waiting out the whole drain timeout.
+the group relaunches its ranges after a session timeout instead of waiting out the whole drain timeout. That
+judgement needs no finer clock than the session timeout, and each beat is a state write.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import RangeReport
 
 log = logging.getLogger(__name__)
+
+
+def run_beat_interval_s(heartbeat_interval_s: float, session_timeout_s: float) -> float:
+    """A third of the session timeout (a run survives two beats lost to a store hiccup), never more often than
+    the member's own heartbeat."""
+    return max(heartbeat_interval_s, session_timeout_s / 3)
 
 
 class RunHeartbeat:

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import gc
 import importlib
+import importlib.util
 import os
 import select
 import signal
@@ -53,6 +54,13 @@ CLOCK_SLACK_NS = 100_000_000
 counts as possibly written during it."""
 DEFINITION_MODULES = ("dagster._cli.api", "dagster._core.execution.api", "dagster._grpc.impl")
 """What ``dagster api execute_run`` imports before it loads the user's code."""
+
+
+ABSENT_OPTIONAL_IMPORTS = ("IPython", "ipykernel")
+"""Imported, where installed, at every call of a PySpark DataFrame method: ``pyspark.errors.utils`` names the
+caller's line for the server's error messages, and looks for an IPython cell first. Where they are not
+installed, each of those imports searched ``sys.path`` again (a hundred searches a run); the fork server
+searches once. Installing one changes site-packages, which restarts the fork server."""
 
 
 class PreloadError(Exception):
@@ -245,6 +253,9 @@ def _load(request: Preload) -> tuple[list[str], list[str]]:
             if exc.name is None or not name.startswith(exc.name):
                 raise
             missing.append(name)
+    for name in ABSENT_OPTIONAL_IMPORTS:
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            sys.modules[name] = None  # type: ignore[assignment]  # import fails at once, as after a search
     repository: Any = recon_repository_from_origin(origin).get_definition()
     repository.get_all_jobs()
     migrations.parse_once()

@@ -24,11 +24,18 @@ DEFAULT_PRELOAD_MODULES = (
     "dagster._core.system_config.composite_descent",
     "pyspark.sql.connect.datasource",
     "upath.implementations.local",
+    "dagster_streamgroup.spark.kafka_read",
+    "dagster_streamgroup.spark.record_counts",
+    "dagster_streamgroup.spark.spark_kafka_source",
+    "dagster_streamgroup.coordinator",
+    "dagster._core.storage.root",
+    "dagster._core.executor.in_process",
+    "dagster._core.execution.plan.active",
 )
 """What a stream run imports besides dagster and the definitions: the Spark Connect client (which brings
-grpc), pandas/pyarrow (Arrow batches), confluent-kafka, this package's Spark sources and state stores (imported
-when a run first reads or commits), and what Dagster's compute log capture imports per step. Modules that are
-not installed are skipped."""
+grpc), pandas/pyarrow (Arrow batches), confluent-kafka, this package's Spark sources, readers and state stores
+(imported when a run first reads or commits), the run coordinator the instance names, and what Dagster imports
+as it executes a step and captures its logs. Modules that are not installed are skipped."""
 
 
 class LauncherSettingsError(ValueError):

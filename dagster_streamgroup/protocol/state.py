@@ -67,9 +67,10 @@ class InFlight:
     ``epoch`` is the shard epoch the range was launched under; a commit must present it.
     ``orphaned_at`` is set when the launching member was evicted: the run may still be executing, so the
     range is not launched again until that run reports or the drain timeout passes.
-    ``alive_at`` is the last time the run said it is alive (``touch``, every heartbeat while it executes): a run
-    of a departed member that stopped saying so for a session timeout is dead, and its range is relaunched
-    without waiting out the whole drain timeout (a deployment lost whole cannot report its runs' deaths).
+    ``alive_at`` is the last time the run said it is alive (``touch``, three times per session timeout while it
+    executes): a run of a departed member that stopped saying so for a session timeout is dead, and its range is
+    relaunched without waiting out the whole drain timeout (a deployment lost whole cannot report its runs'
+    deaths).
     """
 
     start: int

@@ -79,6 +79,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     assert _captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
     assert facts["schema_check_scripts"] == "ParsedScripts", "the migration scripts parsed once, in the server"
     assert facts["event_log_engines"] == "dagster_streamgroup.patches.sqlite_engines", "one engine per database"
+    assert facts["ipython"] == "settled", "the server looked for PySpark's optional IPython once, for every run"
 
     default = Deployment(tmp_path / "default-home", location, instance_yaml(launcher=None))
     try:
@@ -90,6 +91,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
         spawned_pid = default.materialization(spawned)["pid"]
         assert default.materialization(spawned)["schema_check_scripts"] == "ScriptDirectory"
         assert default.materialization(spawned)["event_log_engines"] == "sqlalchemy.engine.create"
+        assert default.materialization(spawned)["ipython"] == "searched"
         assert _captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
         assert default.run(spawned).tags.keys() - {".dagster/grpc_info"} == run.tags.keys() - {"streamgroup/run_worker"}
     finally:

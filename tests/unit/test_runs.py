@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagster_streamgroup import protocol
+from dagster_streamgroup.dagster.liveness import run_beat_interval_s
 from dagster_streamgroup.protocol import EventKind, FailOutcome, GroupPolicy, GroupState, Refusal, Watermark, delta
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.state import evolve
@@ -364,3 +365,12 @@ def test_a_deployment_gone_longer_than_the_drain_timeout_loses_its_unrecorded_ru
 
     back = protocol.membership_step(other, "c@one", 30.0, policy)
     assert back.unrecorded_runs[key].orphaned_at is None, "a member of its deployment is back: kept"
+
+
+def test_a_run_says_it_is_alive_three_times_per_session_timeout_never_faster_than_its_member() -> None:
+    # A departed member's run is judged dead after a session timeout without a beat: three beats per timeout
+    # leave room for two lost to a store hiccup; each beat is a state write, so none comes faster than the
+    # member's own heartbeat.
+    assert run_beat_interval_s(5.0, 20.0) == pytest.approx(20.0 / 3)
+    assert run_beat_interval_s(5.0, 12.0) == 5.0
+    assert run_beat_interval_s(3.0, 300.0) == 100.0

@@ -39,6 +39,11 @@ def _facts() -> dict[str, dg.MetadataValue]:
         "modules": dg.MetadataValue.int(len(sys.modules)),
         "schema_check_scripts": dg.MetadataValue.text(sql.ScriptDirectory.__name__),
         "event_log_engines": dg.MetadataValue.text(sqlite_event_log.create_engine.__module__),
+        # IPython is not installed here: "searched" when each import looks for it, "settled" when the process
+        # already knows it is absent.
+        "ipython": dg.MetadataValue.text(
+            "installed" if sys.modules.get("IPython") else "settled" if "IPython" in sys.modules else "searched"
+        ),
     }
 
 
