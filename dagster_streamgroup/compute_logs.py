@@ -35,7 +35,11 @@ from dagster._serdes import ConfigurableClassData
 from dagster._utils import ensure_file, touch_file
 
 POLL_S = 0.1
-"""How often the mirror looks for new output (``tail -F`` looks every second)."""
+"""How soon the mirror looks again after it copied output: a step that prints is followed closely."""
+IDLE_POLL_S = 1.0
+"""How often it looks at the most while nothing new comes (as ``tail -F`` does): a long quiet step, a Spark job
+waited on, costs ten wakeups of this thread in ten seconds, not a hundred. The wait doubles from ``POLL_S``
+each time a look finds nothing."""
 
 
 class ThreadMirroredComputeLogManager(LocalComputeLogManager):
@@ -105,20 +109,24 @@ class Mirror:
             os.close(target)
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        wait_s = POLL_S
+        while not self._stop.wait(wait_s):
             with self._lock:
-                for source, target in self._followed.values():
-                    _copy(source, target)
+                copied = sum(_copy(source, target) for source, target in self._followed.values())
+            wait_s = POLL_S if copied else min(2 * wait_s, IDLE_POLL_S)
 
 
-def _copy(source: IO[bytes], target: int) -> None:
+def _copy(source: IO[bytes], target: int) -> int:
+    """What ``source`` gained, written to ``target``; the bytes read."""
     data = source.read()
+    read = len(data)
     while data:
         try:
             written = os.write(target, data)
         except OSError:  # the output went away (a closed terminal): the captured file still has everything
-            return
+            return read
         data = data[written:]
+    return read
 
 
 @contextmanager

@@ -4,16 +4,19 @@ runs in a Python process of its own, whose output this test reads."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dagster._core.errors import DagsterInvariantViolationError
 
-from dagster_streamgroup.compute_logs import ThreadMirroredComputeLogManager
+from dagster_streamgroup.compute_logs import IDLE_POLL_S, Mirror, ThreadMirroredComputeLogManager
 
 PROBE = Path(__file__).parent / "compute_log_probe" / "probe.py"
 OURS = "dagster_streamgroup.compute_logs.ThreadMirroredComputeLogManager"
@@ -59,3 +62,36 @@ def test_base_dir_defaults_to_dagsters_own_place_under_dagster_home(
     monkeypatch.delenv("DAGSTER_HOME")
     with pytest.raises(DagsterInvariantViolationError, match="base_dir: required when DAGSTER_HOME is not set"):
         ThreadMirroredComputeLogManager.from_config_value(None, {})
+
+
+def _wakeups(thread_id: int) -> int:
+    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt_switches")))
+
+
+def test_the_mirror_looks_less_often_while_a_step_is_quiet_and_closely_again_once_it_prints(tmp_path: Path) -> None:
+    """A run mostly waits on Spark: its mirror thread should not wake ten times a second for nothing. Its wakeups
+    are the kernel's count of the thread's voluntary context switches."""
+    source = tmp_path / "step.out"
+    source.write_bytes(b"")
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    with Mirror() as mirror:
+        mirror.follow(str(source), write_end)
+        thread_id = mirror._thread.native_id
+        assert thread_id is not None
+        time.sleep(2.0)  # the wait grows to IDLE_POLL_S
+        before = _wakeups(thread_id)
+        time.sleep(4.0)
+        quiet = _wakeups(thread_id) - before
+        assert quiet <= 8, f"{quiet} wakeups in 4 quiet seconds (looking every 0.1 s: about 40)"
+        with source.open("ab") as out:
+            out.write(b"a line\n")
+        deadline = time.monotonic() + IDLE_POLL_S + 2.0
+        seen = b""
+        while b"a line\n" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with contextlib.suppress(BlockingIOError):
+                seen += os.read(read_end, 100)
+        assert seen == b"a line\n", "mirrored within one idle wait"
+    os.close(read_end)
