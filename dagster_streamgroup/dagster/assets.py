@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from dagster_streamgroup.dagster import tags as sgt
-from dagster_streamgroup.dagster.checks import check_specs, lag_check_result, parked_check_result
+from dagster_streamgroup.dagster.checks import (
+    LAG_CHECK,
+    PARKED_CHECK,
+    check_specs,
+    lag_check_result,
+    parked_check_result,
+)
 from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
 from dagster_streamgroup.member import ContentionError, GroupMember
@@ -114,6 +120,9 @@ def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
     return only.shard, only.start, only.end
 
 
+_SPEC_FIELDS = frozenset(("deps", "code_version", "automation_condition", "owners", "tags"))
+"""``stream_asset`` keywords that describe the asset (its ``AssetSpec``); the others go to ``dg.multi_asset``."""
+
 FRESHNESS_MARGIN_S = 60.0
 """What a run takes beyond the group's own waits (queueing, a process, a Spark session, the read, the commit)."""
 
@@ -168,7 +177,9 @@ def stream_asset(
     ``partition`` for Kafka, ``shard`` for v3io, tell their rows apart). ``resource_key`` names a
     ``StreamGroupResource`` (e.g. ``KafkaStreamGroup``) whose ``group`` is ``group``; ``spark_resource_key`` a
     dagster-pyspark resource (``StreamSparkResource``). ``freshness_policy``: none by default (an idle stream
-    would go stale); ``stream_freshness_policy(group_resource)`` derives one from the group's latency settings."""
+    would go stale); ``stream_freshness_policy(group_resource)`` derives one from the group's latency settings.
+    Other keywords describe the asset (``owners``, ``tags``, ``code_version``, ``deps``, ``automation_condition``)
+    or its op (``op_tags``, ``retry_policy``, ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them."""
 
     def decorate(fn: StreamFn) -> dg.AssetsDefinition:
         asset_name = name or fn.__name__
@@ -176,22 +187,34 @@ def stream_asset(
         asset_key = dg.AssetKey([*prefix, asset_name])
         partitions = dg.DynamicPartitionsDefinition(name=sgt.partitions_def_name(group))
 
-        @dg.asset(  # type: ignore[untyped-decorator]
-            key=asset_key,
-            partitions_def=partitions,
-            required_resource_keys={resource_key, spark_resource_key},
+        # A multi-asset of one asset, so that a run may leave the asset's checks out: a member's run plans none
+        # (its member's ticks evaluate them, checks.py), which a plain @asset with check specs cannot subset.
+        spec_kwargs = {k: v for k, v in asset_kwargs.items() if k in _SPEC_FIELDS}
+        op_kwargs = {k: v for k, v in asset_kwargs.items() if k not in _SPEC_FIELDS}
+
+        @dg.multi_asset(
+            name=asset_key.to_python_identifier(),
+            specs=[
+                dg.AssetSpec(
+                    key=asset_key,
+                    partitions_def=partitions,
+                    skippable=True,
+                    metadata={
+                        sgt.TAG_GROUP: group,
+                        sgt.PREFIX + "resource_key": resource_key,
+                        sgt.PREFIX + "spark_resource_key": spark_resource_key,
+                    },
+                    description=description or fn.__doc__ or f"Offset ranges of consumer group {group!r}.",
+                    group_name=group_name,
+                    kinds=kinds or {"spark"},
+                    freshness_policy=freshness_policy,
+                    **spec_kwargs,
+                )
+            ],
             check_specs=check_specs(asset_key),
-            output_required=False,
-            metadata={
-                sgt.TAG_GROUP: group,
-                sgt.PREFIX + "resource_key": resource_key,
-                sgt.PREFIX + "spark_resource_key": spark_resource_key,
-            },
-            description=description or fn.__doc__ or f"Offset ranges of consumer group {group!r}.",
-            group_name=group_name,
-            kinds=kinds or {"spark"},
-            freshness_policy=freshness_policy,
-            **asset_kwargs,
+            can_subset=True,
+            required_resource_keys={resource_key, spark_resource_key},
+            **op_kwargs,
         )
         def _stream_asset(
             context: dg.AssetExecutionContext, config: sgt.StreamRunConfig
@@ -293,11 +316,15 @@ def run_ranges(
                 break
             ranges, reports = carry_on(launches)
             processed = process(ranges, reports)
-    lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in last if r.shard in marks}
-    yield lag_check_result(asset_key, lags, resource.lag_alert_records)
-    if state is None:
-        state, _ = resource.store().load(resource.state_key())
-    yield parked_check_result(asset_key, state)
+    # A member's run plans no check (its member's ticks evaluate them); a backfill or a hand-launched run does.
+    selected = context.selected_asset_check_keys
+    if dg.AssetCheckKey(asset_key, LAG_CHECK) in selected:
+        lags = {r.shard: max(0, marks[r.shard].written_end - r.end) for r in last if r.shard in marks}
+        yield lag_check_result(asset_key, lags, resource.lag_alert_records)
+    if dg.AssetCheckKey(asset_key, PARKED_CHECK) in selected:
+        if state is None:
+            state, _ = resource.store().load(resource.state_key())
+        yield parked_check_result(asset_key, state)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """Asset checks of a stream asset: lag below a bound, and no parked shards or unresolved dead letters.
 
-Both are evaluated by every run (with the state it committed into), and the parked check also by the
-member sensors whenever what is parked changes, because a range that keeps failing produces no
-materialization to attach a result to.
+The member sensors evaluate both: the lag check with each member's lag report (every 30 s, over the shards it
+owns), the parked check at a member's first tick and whenever what is parked changes (a range that keeps
+failing produces no materialization to attach a result to). A member's run evaluates neither: it carries on
+for as long as its shards have records, so its end is a poor clock for either, and each check a run plans is
+two more events in the daemon and the run. A backfill or a run launched by hand evaluates both at its end, as
+a run of an asset with checks does.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
         dg.AssetCheckSpec(
             LAG_CHECK,
             asset=asset_key,
-            description="Every shard this run committed is at most `lag_alert_records` (a field of the group "
-            "resource) records behind the stream; each result's metadata gives the lag per shard and the limit.",
+            description="Every shard is at most `lag_alert_records` (a field of the group resource) records behind "
+            "the stream: evaluated by each member every 30 s over the shards it owns (and by a backfill over the "
+            "shards it read); each result's metadata gives the lag per shard and the limit.",
         ),
         dg.AssetCheckSpec(
             PARKED_CHECK,
@@ -36,8 +40,8 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def lag_check_result(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckResult:
-    """One result per run: the worst of its shards decides, each shard's lag is in the metadata."""
+def _lag_metadata(lags: Mapping[str, int], limit: int) -> tuple[bool, dict[str, dg.RawMetadataValue], str | None]:
+    """The worst of the shards decides; each shard's lag is in the metadata."""
     behind = {shard: lag for shard, lag in sorted(lags.items()) if lag > limit}
     worst = max(lags.values(), default=-1)
     metadata: dict[str, dg.RawMetadataValue] = {
@@ -46,15 +50,33 @@ def lag_check_result(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int
     }
     for shard, lag in sorted(lags.items()):
         metadata[f"lag {shard}"] = dg.MetadataValue.int(lag)
+    text = "; ".join(f"{shard} is {lag} records behind (limit {limit})" for shard, lag in behind.items())
+    return not behind, metadata, text or None
+
+
+def lag_check_result(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckResult:
+    """A backfill's or a hand-launched run's result, over the shards it read."""
+    passed, metadata, text = _lag_metadata(lags, limit)
     return dg.AssetCheckResult(
         asset_key=asset_key,
         check_name=LAG_CHECK,
-        passed=not behind,
+        passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
         metadata=metadata,
-        description=None
-        if not behind
-        else "; ".join(f"{shard} is {lag} records behind (limit {limit})" for shard, lag in behind.items()),
+        description=text,
+    )
+
+
+def lag_check_evaluation(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckEvaluation:
+    """A member tick's evaluation, over the shards the member owns."""
+    passed, metadata, text = _lag_metadata(lags, limit)
+    return dg.AssetCheckEvaluation(
+        asset_key=asset_key,
+        check_name=LAG_CHECK,
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata=metadata,
+        description=text,
     )
 
 

@@ -31,7 +31,7 @@ from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster import tick_context
-from dagster_streamgroup.dagster.checks import PARKED_CHECK, parked_check_evaluation
+from dagster_streamgroup.dagster.checks import PARKED_CHECK, lag_check_evaluation, parked_check_evaluation
 from dagster_streamgroup.dagster.resources import (
     DAEMON_LOOP_S,
     TICK_WAIT_MARGIN_S,
@@ -201,6 +201,7 @@ def evaluate_member_tick(
             run_config={"ops": {op_name: {"config": sgt.run_config(launches).model_dump()}}},
             tags=sgt.run_tags(launches),
             asset_selection=[target.asset.key],
+            asset_check_keys=[],  # the checks are this sensor's to evaluate (checks.py)
         )
         for launches in runs
     ]
@@ -528,7 +529,8 @@ def _owned_lag(resource: StreamGroupResource, report: TickReport) -> tuple[dict[
 def _asset_events(
     target: StreamTarget, resource: StreamGroupResource, report: TickReport, cursor: _Cursor
 ) -> tuple[list[dg.AssetObservation | dg.AssetCheckEvaluation], _Cursor]:
-    """Lag observations (throttled) and the parked-ranges check whenever what is parked changes."""
+    """Lag observations and the lag check (throttled), and the parked-ranges check at the first tick and whenever
+    what is parked changes."""
     events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     now = time.time()
     due = report.owned and now - cursor.lag_reported_at >= LAG_REPORT_INTERVAL_S
@@ -544,12 +546,12 @@ def _asset_events(
         for shard, (stable, written) in sorted(held.items()):
             metadata[f"open transaction {shard}"] = dg.MetadataValue.text(open_transaction_text(stable, written))
         events.append(dg.AssetObservation(asset_key=target.asset.key, metadata=metadata))
+        events.append(lag_check_evaluation(target.asset.key, lag, resource.lag_alert_records))
         cursor.lag_reported_at = now
     parked = tuple(sorted(sid for sid, s in report.state.shards.items() if s.parked is not None))
     dead = len(report.state.dead_letters)
     if parked != cursor.parked or dead != cursor.dead_letters:
-        if cursor.parked is not None or parked or dead:
-            events.append(parked_check_evaluation(target.asset.key, report.state))
+        events.append(parked_check_evaluation(target.asset.key, report.state))
         cursor.parked = parked
         cursor.dead_letters = dead
     return events, cursor

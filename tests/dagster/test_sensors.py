@@ -13,7 +13,7 @@ from dagster._core.test_utils import create_run_for_test
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, tick_context
 from dagster_streamgroup.dagster import tags as sgt
-from dagster_streamgroup.dagster.checks import PARKED_CHECK
+from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
 from tests.dagster.helpers import (
     SensorDriver,
@@ -223,11 +223,13 @@ def test_a_run_that_ended_without_reporting_is_retried_then_parked(
         assert not [e for e in quiet.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
 
 
-def test_lag_of_every_owned_shard_is_observed(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
+def test_lag_of_every_owned_shard_is_observed_and_checked(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
     topic = kafka_topics(partitions=2)
     produce_sample(kafka_bootstrap, topic, 2, 1000)
     group = group_name()
-    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, lag_alert_records=500)
     sensor = sensors_for(counting_asset(group, []), members=1)[0]
     with dg.instance_for_test() as instance:
         driver = SensorDriver(sensor, instance, resource)
@@ -237,8 +239,14 @@ def test_lag_of_every_owned_shard_is_observed(kafka_bootstrap: str, kafka_topics
         metadata = observations[0].metadata
         assert metadata[f"lag {topic}:0"].value == 501
         assert metadata["lag"].value == 1002
+        # The member evaluates the checks its runs plan none of: lag with each lag report, parked at its first tick.
+        checks = {e.check_name: e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)}
+        assert set(checks) == {LAG_CHECK, PARKED_CHECK} and checks[PARKED_CHECK].passed
+        lag = checks[LAG_CHECK]
+        assert not lag.passed and lag.metadata["max_lag"].value == 501 and lag.metadata["limit"].value == 500
+        assert all(r.asset_check_keys == [] for r in result.run_requests or []), "runs plan no check"
         throttled = driver.tick()
-        assert not [e for e in throttled.asset_events if isinstance(e, dg.AssetObservation)]
+        assert not [e for e in throttled.asset_events if isinstance(e, dg.AssetObservation | dg.AssetCheckEvaluation)]
 
 
 def stop_in_dagster(instance: dg.DagsterInstance, sensor_name: str, repository: str = "__repository__") -> None:
