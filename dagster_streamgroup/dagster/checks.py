@@ -11,6 +11,7 @@ a run of an asset with checks does.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 
@@ -40,44 +41,34 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def _lag_metadata(lags: Mapping[str, int], limit: int) -> tuple[bool, dict[str, dg.RawMetadataValue], str | None]:
+def _lag_check(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dict[str, Any]:
     """The worst of the shards decides; each shard's lag is in the metadata."""
     behind = {shard: lag for shard, lag in sorted(lags.items()) if lag > limit}
-    worst = max(lags.values(), default=-1)
     metadata: dict[str, dg.RawMetadataValue] = {
-        "max_lag": dg.MetadataValue.int(worst),
+        "max_lag": dg.MetadataValue.int(max(lags.values(), default=-1)),
         "limit": dg.MetadataValue.int(limit),
     }
     for shard, lag in sorted(lags.items()):
         metadata[f"lag {shard}"] = dg.MetadataValue.int(lag)
     text = "; ".join(f"{shard} is {lag} records behind (limit {limit})" for shard, lag in behind.items())
-    return not behind, metadata, text or None
+    return {
+        "asset_key": asset_key,
+        "check_name": LAG_CHECK,
+        "passed": not behind,
+        "severity": dg.AssetCheckSeverity.WARN,
+        "metadata": metadata,
+        "description": text or None,
+    }
 
 
 def lag_check_result(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckResult:
     """A backfill's or a hand-launched run's result, over the shards it read."""
-    passed, metadata, text = _lag_metadata(lags, limit)
-    return dg.AssetCheckResult(
-        asset_key=asset_key,
-        check_name=LAG_CHECK,
-        passed=passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata=metadata,
-        description=text,
-    )
+    return dg.AssetCheckResult(**_lag_check(asset_key, lags, limit))
 
 
 def lag_check_evaluation(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckEvaluation:
     """A member tick's evaluation, over the shards the member owns."""
-    passed, metadata, text = _lag_metadata(lags, limit)
-    return dg.AssetCheckEvaluation(
-        asset_key=asset_key,
-        check_name=LAG_CHECK,
-        passed=passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata=metadata,
-        description=text,
-    )
+    return dg.AssetCheckEvaluation(**_lag_check(asset_key, lags, limit))
 
 
 def _parked_metadata(state: GroupState | None) -> tuple[bool, dict[str, dg.RawMetadataValue], str]:
