@@ -71,42 +71,32 @@ def lag_check_evaluation(asset_key: dg.AssetKey, lags: Mapping[str, int], limit:
     return dg.AssetCheckEvaluation(**_lag_check(asset_key, lags, limit))
 
 
-def _parked_metadata(state: GroupState | None) -> tuple[bool, dict[str, dg.RawMetadataValue], str]:
-    if state is None:
-        return True, {"parked_shards": dg.MetadataValue.int(0)}, ""
-    parked = {sid: s.parked for sid, s in state.shards.items() if s.parked is not None}
-    dead = state.dead_letters
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "parked_shards": dg.MetadataValue.int(len(parked)),
-        "dead_lettered_ranges": dg.MetadataValue.int(len(dead)),
-    }
+def _parked_check(asset_key: dg.AssetKey, state: GroupState | None) -> dict[str, Any]:
+    """Parked shards and unresolved dead letters fail it; the details list them (the last ten dead letters)."""
+    parked = {sid: s.parked for sid, s in state.shards.items() if s.parked is not None} if state is not None else {}
+    dead = state.dead_letters if state is not None else []
+    metadata: dict[str, dg.RawMetadataValue] = {"parked_shards": dg.MetadataValue.int(len(parked))}
+    if state is not None:
+        metadata["dead_lettered_ranges"] = dg.MetadataValue.int(len(dead))
     lines = [f"{sid} parked at [{p.start}, {p.end}): {p.reason}" for sid, p in parked.items() if p is not None]
     lines += [f"{d.shard} [{d.start}, {d.end}) dead-lettered: {d.reason}" for d in dead[-10:]]
     if len(dead) > 10:
         lines.append(f"... and {len(dead) - 10} more dead letters (`streamgroup status --group ...` lists them)")
     if lines:
         metadata["details"] = dg.MetadataValue.md("\n".join(f"- {line}" for line in lines))
-    return not parked and not dead, metadata, "; ".join(lines)
+    return {
+        "asset_key": asset_key,
+        "check_name": PARKED_CHECK,
+        "passed": not parked and not dead,
+        "severity": dg.AssetCheckSeverity.ERROR,
+        "metadata": metadata,
+        "description": "; ".join(lines) or None,
+    }
 
 
 def parked_check_result(asset_key: dg.AssetKey, state: GroupState | None) -> dg.AssetCheckResult:
-    passed, metadata, text = _parked_metadata(state)
-    return dg.AssetCheckResult(
-        asset_key=asset_key,
-        check_name=PARKED_CHECK,
-        passed=passed,
-        metadata=metadata,
-        description=text or None,
-    )
+    return dg.AssetCheckResult(**_parked_check(asset_key, state))
 
 
 def parked_check_evaluation(asset_key: dg.AssetKey, state: GroupState) -> dg.AssetCheckEvaluation:
-    passed, metadata, text = _parked_metadata(state)
-    return dg.AssetCheckEvaluation(
-        asset_key=asset_key,
-        check_name=PARKED_CHECK,
-        passed=passed,
-        metadata=metadata,
-        severity=dg.AssetCheckSeverity.ERROR,
-        description=text or None,
-    )
+    return dg.AssetCheckEvaluation(**_parked_check(asset_key, state))
