@@ -2,7 +2,7 @@
 Streaming's own Kafka source (the peer users would pick instead of us) and a raw consumer.
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
-[--warmup-records RECORDS] [--spark connect|local] [--overhead-repeats 3] [--single-job-repeats 3]
+[--warmup-records RECORDS] [--spark connect|local] [--drains 3] [--overhead-repeats 3] [--single-job-repeats 3]
 [--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped] [--[no-]peer]
 [--timeout 1800]``
 
@@ -19,7 +19,8 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
 4. **the backlog from a standing start**, as the single job meets it: the member sensors are stopped over
    GraphQL (as a user stops them in the UI) and their last ticks and runs end; ``--records`` clickstream
    events arrive (``produce_s``); then the sensors start, and ``drain_s`` runs from their start until Kafka's
-   group offsets reach the high watermarks. The members' session (``--session-timeout``, 300 s) outlasts
+   group offsets reach the high watermarks; this is done ``--drains`` times, one backlog after another.
+   The members' session (``--session-timeout``, 300 s) outlasts
    the pause, so they start as a group that kept its shards, not with a rebalance. The backlog's runs are
    those Dagster created from the start until then: ``runs``, ``launch_p50_s`` (median of run created to
    run started, from the run records' create_timestamp and start_time as GraphQL serves them) and
@@ -34,7 +35,10 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
    CPU), split equally over that parent's runs. Readings start when the window opens, so a fork server's
    preload (before it) is not counted; a fork server started during the window (code changed, location
    reloaded) has its preload printed apart. ``spark_connect_server_cpu_s_per_run``: the Connect server's
-   CPU over the window divided by the runs, a figure of its own (the work the runs send there);
+   CPU over the window divided by the runs, a figure of its own (the work the runs send there). Over the
+   drains: ``drain_s`` is the median drain, ``run_cpu_s_outside_spark`` and ``launch_p50_s`` the medians over
+   all their runs, ``runs`` the most any drain took; each drain's figures are in ``standing_starts`` (a drain
+   has a few runs, and the same code's runs spread from one drain to the next by more than most changes);
 5. **the peer** (``--no-peer`` skips it): Spark Structured Streaming's Kafka source running the example's
    function (``bench.peer_spark_streaming``: ``foreachBatch`` over ``spark.readStream.format("kafka")``,
    read_committed, a classic ``local[2]`` session in a process of its own, its own checkpoint and output)
@@ -77,7 +81,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,11 +206,15 @@ def finished(
 
 @dataclass(frozen=True)
 class Backlog:
-    """Where a timed backlog starts and ends in each shard, and the figures of its drain."""
+    """Where a timed backlog starts and ends in each shard, and the figures of its drain (with the unrounded
+    per-run CPU and launch times, which the figures over several drains are taken from)."""
 
     starts: dict[str, int]
     highs: dict[str, int]
     figures: dict[str, Any]
+    run_cpu_s: list[float]
+    launch_s: list[float]
+    connect_cpu_s: float | None
 
 
 STOP_ATTEMPTS = 3
@@ -329,7 +337,31 @@ def standing_start(
         "run_worker": {"via": run_cpu.via, "sampled": run_cpu.workers_sampled},
         "run_cpu": run_cpu_json(run_cpu),
     }
-    return Backlog(starts, highs, figures)
+    return Backlog(starts, highs, figures, list(run_cpu.per_run_outside_spark_s), launches, connect_s)
+
+
+def over_drains(backlogs: Sequence[Backlog]) -> dict[str, Any]:
+    """The headline figures over every standing-start drain: ``drain_s`` the median drain,
+    ``run_cpu_s_outside_spark`` and ``launch_p50_s`` the median over all the drains' runs (one drain has only a
+    few runs, and runs of the same code spread by more than a change worth measuring), ``runs`` the most any
+    drain took, ``spark_connect_server_cpu_s_per_run`` the Connect server's CPU over all of them per run. Each
+    drain's own figures are in ``standing_starts``."""
+    runs = sum(b.figures["runs"] for b in backlogs)
+    connect = [b.connect_cpu_s for b in backlogs]
+    return {
+        "drains": len(backlogs),
+        "drain_s": rounded(statistics.median(b.figures["drain_s"] for b in backlogs)),
+        "drain_s_each": [b.figures["drain_s"] for b in backlogs],
+        "runs": max(b.figures["runs"] for b in backlogs),
+        "runs_each": [b.figures["runs"] for b in backlogs],
+        "launch_p50_s": rounded(median_or_none([s for b in backlogs for s in b.launch_s])),
+        "run_cpu_s_outside_spark": rounded(median_or_none([c for b in backlogs for c in b.run_cpu_s])),
+        "run_cpu_s_outside_spark_each": [b.figures["run_cpu_s_outside_spark"] for b in backlogs],
+        "spark_connect_server_cpu_s_per_run": (
+            rounded(sum(c for c in connect if c is not None) / runs) if runs and None not in connect else None
+        ),
+        "standing_starts": [b.figures for b in backlogs],
+    }
 
 
 def overlapped(args: argparse.Namespace, example: Deployment, produce: Callable[[int], None]) -> dict[str, Any]:
@@ -461,13 +493,21 @@ def drain(
         example.wait_committed("the warm-up to drain", example.highs(), args.timeout)
         warmup_s = time.perf_counter() - warm_started
         print(f"warm-up of {args.warmup_records} records drained after {warmup_s:.1f} s", flush=True)
-        backlog = standing_start(args, example, produce, cpu_roots, (warm_sampler, warm_wall, warm_boot))
+        backlogs: list[Backlog] = []
+        quiet = (warm_sampler, warm_wall, warm_boot)
+        for number in range(1, args.drains + 1):
+            print(f"standing-start drain {number} of {args.drains}", flush=True)
+            backlogs.append(standing_start(args, example, produce, cpu_roots, quiet))
+            if number < args.drains:  # its runs have exited: the next drain waits for none
+                sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
+                quiet = (sampler, time.time(), process_cpu.uptime_s())
+        backlog = backlogs[-1]  # the peer, the single job and the raw consumer read the last backlog
         figures: dict[str, Any] = {
             "warmup_s": round(warmup_s, 2),
             "startup_s": round(example.startup_s, 2),
             "ready_s": round(example.ready_s, 2),
             "session_timeout_s": args.session_timeout,
-            **backlog.figures,
+            **over_drains(backlogs),
         }
         if args.peer:
             figures.update(peer_while_idle(args, example, bootstrap, topic, backlog, work, cpu_roots.get("broker")))
@@ -544,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
         help="drained (and the peer's warm-up) before the timed backlog (default: --records, a full-size warm-up)",
     )
     parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
+    parser.add_argument(
+        "--drains", type=int, default=3, help="standing-start backlogs drained one after another (figures over all)"
+    )
     parser.add_argument("--overhead-repeats", type=int, default=3)
     parser.add_argument("--single-job-repeats", type=int, default=3, help="timed single-job calls after a warm-up")
     parser.add_argument(
@@ -572,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warmup_records is None:
         args.warmup_records = args.records
-    for name in ("records", "partitions", "members", "warmup_records", "single_job_repeats"):
+    for name in ("records", "partitions", "members", "warmup_records", "single_job_repeats", "drains"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.max_records_per_run is not None and args.max_records_per_run < 1:

@@ -7,15 +7,23 @@ evaluation in the code server that opens ``context.instance``. Each check builds
 ``alembic.script.ScriptDirectory`` and executes every migration script to find the head: CPU profiles put it
 at about 45% of a member sensor's tick in the code server and a large share of a run worker's start. The
 scripts are files of the installed dagster, which do not change under a running process (a fork server is
-replaced when an installed file changes): member sensors install the parsed directory in the code server, and
-the fork server parses it before it forks, so every child reads the directory it inherited. The check's result
-is the same; only the parsing is shared.
+replaced when an installed file changes): member sensors install the parsed directory in the code server, the
+run coordinator in the daemon, and the fork server parses it before it forks, so every child reads the directory
+it inherited. The check's result is the same; only the parsing is shared.
+
+On SQLite every run has an event database of its own, which the daemon creates when it creates the run (its
+first event). Dagster stamps a new database with alembic's ``stamp`` command, which parses the scripts again
+and executes their ``env.py``: with the check, about 40 ms of the daemon's CPU per run (``docs/benchmarks.md``).
+The SQLite storages therefore stamp through alembic's ``MigrationContext.stamp`` with the parsed directory: the
+same version row in the same transaction, and, as Dagster's ``env.py`` does, a concurrent creator's version
+table taken as done.
 
 Dagster's module is imported only once the guard (``dagster_streamgroup.patches.enabled``) allows it.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dagster_streamgroup import patches
@@ -23,6 +31,14 @@ from dagster_streamgroup import patches
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
+    from sqlalchemy.engine import Connection
+
+SQLITE_STORAGE_MODULES = (
+    "dagster._core.storage.event_log.sqlite.sqlite_event_log",
+    "dagster._core.storage.runs.sqlite.sqlite_run_storage",
+    "dagster._core.storage.schedules.sqlite.sqlite_schedule_storage",
+)
+"""The modules whose storages stamp a new SQLite database (each imported ``stamp_alembic_rev`` by name)."""
 
 
 class ParsedScripts:
@@ -42,11 +58,29 @@ class ParsedScripts:
         return scripts
 
 
+def stamp_with_parsed_scripts(alembic_config: Config, conn: Connection, rev: str = "head") -> None:
+    """Dagster's ``stamp_alembic_rev`` for a new SQLite database, without alembic's command and ``env.py``."""
+    from alembic.runtime.migration import MigrationContext
+    from dagster._core.storage import sql
+    from sqlalchemy import exc
+
+    with sql._alembic_lock:
+        try:
+            MigrationContext.configure(conn).stamp(ParsedScripts.from_config(alembic_config), rev)
+        except (exc.DatabaseError, sqlite3.DatabaseError) as error:
+            # Another process created the version table first (as Dagster's env.py, taken as done).
+            if "table alembic_version already exists" not in str(error):
+                raise
+
+
 def install() -> bool:
-    """Make Dagster's schema check use scripts parsed once (on first use); False on a Dagster the patches were
-    not verified on, or where its check is not the one this module knows (it is then left alone)."""
+    """Make Dagster's schema check, and the stamp of a new SQLite database, use scripts parsed once (on first
+    use); False on a Dagster the patches were not verified on, or where its check is not the one this module
+    knows (it is then left alone). A storage module whose stamp is not Dagster's own is left alone too."""
     if not patches.enabled():
         return False
+    import importlib
+
     from alembic.script import ScriptDirectory
     from dagster._core.storage import sql
 
@@ -54,6 +88,10 @@ def install() -> bool:
     if getattr(module, "ScriptDirectory", None) not in (ScriptDirectory, ParsedScripts):
         return False
     module.ScriptDirectory = ParsedScripts
+    for name in SQLITE_STORAGE_MODULES:
+        storage: Any = importlib.import_module(name)
+        if getattr(storage, "stamp_alembic_rev", None) is sql.stamp_alembic_rev:
+            storage.stamp_alembic_rev = stamp_with_parsed_scripts
     return True
 
 

@@ -44,6 +44,8 @@ def unverified(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(patches, "dagster_version", lambda: UNVERIFIED)
     monkeypatch.setattr(patches, "_warned", set())
     monkeypatch.setattr(sql, "ScriptDirectory", ScriptDirectory)
+    for name in migrations.SQLITE_STORAGE_MODULES:
+        monkeypatch.setattr(importlib.import_module(name), "stamp_alembic_rev", sql.stamp_alembic_rev)
     dagsters_own = pythonic_config.infer_schema_from_config_class
     monkeypatch.setattr(pythonic_resource, "infer_schema_from_config_class", dagsters_own)
     for name in sqlite_engines.STORAGE_MODULES:
@@ -67,6 +69,8 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
         sensors = member_sensors(counting_asset("g_guard", []), members=2, heartbeat_interval_s=1)  # installs all
     assert len(sensors) == 2, "the definitions load"
     assert getattr(sql, "ScriptDirectory") is ScriptDirectory, "Dagster's schema check is its own"  # noqa: B009
+    for name in migrations.SQLITE_STORAGE_MODULES:
+        assert importlib.import_module(name).stamp_alembic_rev is sql.stamp_alembic_rev, "Dagster's stamp"
     dagsters_own = pythonic_config.infer_schema_from_config_class
     assert getattr(pythonic_resource, "infer_schema_from_config_class") is dagsters_own  # noqa: B009
     for name in sqlite_engines.STORAGE_MODULES:
@@ -85,6 +89,7 @@ PRIVATE_MODULES = (
     "dagster._config.pythonic_config.config",
     "dagster._config.pythonic_config.resource",
     *sqlite_engines.STORAGE_MODULES,
+    *migrations.SQLITE_STORAGE_MODULES,
     *schema_checks.STORAGE_MODULES,
     "dagster._core.storage.dagster_run",
     "dagster._utils.tags",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import sqlalchemy as db
+from alembic.script import ScriptDirectory
 from dagster._core.storage import sql
 from dagster._core.storage.runs.sqlite import sqlite_run_storage
 
@@ -33,3 +36,51 @@ def test_the_schema_check_answers_the_same_with_the_scripts_parsed_once(tmp_path
     finally:
         setattr(sql, "ScriptDirectory", original)  # noqa: B010
         engine.dispose()
+
+
+def _new_run_database(base_dir: Path) -> tuple[list[tuple[str, ...]], list[tuple[str, str, str]]]:
+    """A SQLite event log storage creates a run's database at the run's first event: its version rows and its
+    schema (every table and index with its SQL)."""
+    from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
+    from dagster._core.events.log import EventLogEntry
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+    storage = SqliteEventLogStorage(str(base_dir))
+    planned = DagsterEvent(
+        DagsterEventType.ASSET_MATERIALIZATION_PLANNED.value,
+        "job",
+        event_specific_data=AssetMaterializationPlannedData(dg.AssetKey("a")),
+    )
+    entry = EventLogEntry(
+        error_info=None, level=20, user_message="", run_id="run-1", timestamp=1.0, dagster_event=planned, job_name="job"
+    )
+    storage.store_event(entry)
+    storage.dispose()
+    engine = db.create_engine(f"sqlite:///{base_dir / 'run-1.db'}")
+    try:
+        with engine.connect() as conn:
+            versions = [tuple(row) for row in conn.execute(db.text("SELECT version_num FROM alembic_version"))]
+            schema = conn.execute(db.text("SELECT type, name, sql FROM sqlite_master ORDER BY type, name"))
+            return versions, [(str(t), str(n), str(q)) for t, n, q in schema]
+    finally:
+        engine.dispose()
+
+
+def test_a_new_run_database_is_stamped_the_same_with_the_scripts_parsed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon creates each run's event database on SQLite: stamped through the parsed scripts, it holds the
+    same version row and the same schema as with alembic's ``stamp`` command."""
+    from dagster._core.storage.event_log.sqlite import sqlite_event_log
+
+    monkeypatch.setattr(sql, "ScriptDirectory", ScriptDirectory)
+    for name in migrations.SQLITE_STORAGE_MODULES:
+        monkeypatch.setattr(importlib.import_module(name), "stamp_alembic_rev", sql.stamp_alembic_rev)
+    dagsters = _new_run_database(tmp_path / "dagster")
+    assert migrations.install()
+    assert getattr(sqlite_event_log, "stamp_alembic_rev") is migrations.stamp_with_parsed_scripts  # noqa: B009
+    parsed = _new_run_database(tmp_path / "parsed")
+    head = migrations.parse_once()
+    assert dagsters == parsed
+    assert dagsters[0] == [(head,)], "the head revision, one row"
+    assert any(name == "event_logs" for _, name, _ in dagsters[1])
