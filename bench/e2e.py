@@ -2,7 +2,8 @@
 Streaming's own Kafka source (the peer users would pick instead of us) and a raw consumer.
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
-[--warmup-records RECORDS] [--spark connect|local] [--drains 3] [--overhead-repeats 3] [--single-job-repeats 3]
+[--warmup-records RECORDS] [--spark connect|local] [--idle-seconds 20] [--drains 3] [--overhead-repeats 3]
+[--single-job-repeats 3]
 [--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped] [--[no-]peer]
 [--timeout 1800]``
 
@@ -15,7 +16,9 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
    (``startup_s``); ``--warmup-records`` events are drained (``warmup_s``: a deployment's first runs also
    pay for its Spark server compiling these queries). By default as many as ``--records``: every side meets
    its timed backlog warm at full size, as the single job does after its warm-up call over the whole backlog
-   (a Connect server's first 2,000,000-record job took about twice the CPU and time of the next one);
+   (a Connect server's first 2,000,000-record job took about twice the CPU and time of the next one); once
+   its runs exited, the deployment idles ``--idle-seconds`` with its member sensors ticking and its own CPU
+   is read (``idle_deployment``: the code server with its proxy, the daemon, the fork servers, ms per s);
 4. **the backlog from a standing start**, as the single job meets it: the member sensors are stopped over
    GraphQL (as a user stops them in the UI) and their last ticks and runs end; ``--records`` clickstream
    events arrive (``produce_s``); then the sensors start, and ``drain_s`` runs from their start until Kafka's
@@ -39,6 +42,8 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
    drains: ``drain_s`` is the median drain, ``run_cpu_s_outside_spark`` and ``launch_p50_s`` the medians over
    all their runs, ``runs`` the most any drain took; each drain's figures are in ``standing_starts`` (a drain
    has a few runs, and the same code's runs spread from one drain to the next by more than most changes);
+   ``run_cpu_s_outside_spark_over_idle``, for the breakdown only, is that median with each run's share of the
+   idle deployment's CPU over its drain's window taken off (``idle_share_per_run_s_each``);
 5. **the peer** (``--no-peer`` skips it): Spark Structured Streaming's Kafka source running the example's
    function (``bench.peer_spark_streaming``: ``foreachBatch`` over ``spark.readStream.format("kafka")``,
    read_committed, a classic ``local[2]`` session in a process of its own, its own checkpoint and output)
@@ -215,6 +220,8 @@ class Backlog:
     run_cpu_s: list[float]
     launch_s: list[float]
     connect_cpu_s: float | None
+    window_s: float
+    """From the sensors' start until the last reading of the runs' processes (after they exited)."""
 
 
 STOP_ATTEMPTS = 3
@@ -304,6 +311,7 @@ def standing_start(
     runs, exited = finished(example, sampler, window_wall, window_boot, drained_wall, args.timeout)
     cpu_after = process_cpu.cpu_by_part(roots)
     sampler.stop()
+    window_s = time.time() - window_wall
     done = materializations_of(example, runs)
     counts = deployment.statuses(runs)
     print(f"drained in {drain_s:.1f} s with {len(runs)} runs {counts}", flush=True)
@@ -321,6 +329,7 @@ def standing_start(
         "drain_cpu_s": cpu_s,
         "run_timings_median_s": timings,
         "drain_s": round(drain_s, 2),
+        "window_s": round(window_s, 2),
         "produce_s": round(produce_s, 2),
         "pause_s": round(pause_s, 2),
         "runs_during_pause": len(paused_runs),
@@ -337,17 +346,73 @@ def standing_start(
         "run_worker": {"via": run_cpu.via, "sampled": run_cpu.workers_sampled},
         "run_cpu": run_cpu_json(run_cpu),
     }
-    return Backlog(starts, highs, figures, list(run_cpu.per_run_outside_spark_s), launches, connect_s)
+    return Backlog(starts, highs, figures, list(run_cpu.per_run_outside_spark_s), launches, connect_s, window_s)
 
 
-def over_drains(backlogs: Sequence[Backlog]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class IdleFloor:
+    """The deployment's own CPU with its member sensors ticking and no run (the shared parts of
+    ``run_cpu_s_outside_spark``: the code server with its proxy, the daemon, the fork servers)."""
+
+    seconds: float
+    code_server_s: float
+    daemon_s: float
+    fork_server_s: float
+
+    @property
+    def per_s(self) -> float:
+        return (self.code_server_s + self.daemon_s + self.fork_server_s) / self.seconds
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 1),
+            "cpu_ms_per_s": round(1000 * self.per_s, 1),
+            "code_server_ms_per_s": round(1000 * self.code_server_s / self.seconds, 1),
+            "daemon_ms_per_s": round(1000 * self.daemon_s / self.seconds, 1),
+            "fork_servers_ms_per_s": round(1000 * self.fork_server_s / self.seconds, 1),
+        }
+
+
+def idle_floor(example: Deployment, seconds: float, interval_s: float) -> IdleFloor:
+    """What the deployment costs while it has nothing to do, read as the drains read their shared parts: its
+    member sensors tick (heartbeats, watermarks, the group state), Dagster's daemons and the code server's
+    pollers run, and no run is created (checked). A drain pays this over its whole window whatever its runs do;
+    ``run_cpu_s_outside_spark_over_idle`` is what the runs cost on top of it."""
+    since_wall, since_boot = time.time(), process_cpu.uptime_s()
+    sampler = process_cpu.TreeSampler(example.pid, interval_s).start()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    sampler.stop()
+    elapsed = time.perf_counter() - started
+    created = example.runs_created(since_wall, time.time())
+    if created:
+        print(f"WARNING: {len(created)} runs were created while the deployment was to be idle", flush=True)
+    idle = process_cpu.run_cpu_figures(sampler.snapshot(), since_boot, [])
+    floor = IdleFloor(elapsed, idle.code_server_s, idle.daemon_s, idle.fork_server_s)
+    print(f"the deployment idle, its member sensors ticking: {floor.figures()}", flush=True)
+    return floor
+
+
+def over_drains(backlogs: Sequence[Backlog], idle: IdleFloor | None) -> dict[str, Any]:
     """The headline figures over every standing-start drain: ``drain_s`` the median drain,
     ``run_cpu_s_outside_spark`` and ``launch_p50_s`` the median over all the drains' runs (one drain has only a
     few runs, and runs of the same code spread by more than a change worth measuring), ``runs`` the most any
     drain took, ``spark_connect_server_cpu_s_per_run`` the Connect server's CPU over all of them per run. Each
-    drain's own figures are in ``standing_starts``."""
+    drain's own figures are in ``standing_starts``. With ``idle``: ``run_cpu_s_outside_spark_over_idle``, the
+    same median after each run's share of the idle deployment's CPU over its drain's window is taken off (for
+    the breakdown only: the target is on the whole figure)."""
     runs = sum(b.figures["runs"] for b in backlogs)
     connect = [b.connect_cpu_s for b in backlogs]
+    over_idle: dict[str, Any] = {}
+    if idle is not None:
+        shares = [idle.per_s * b.window_s / len(b.run_cpu_s) if b.run_cpu_s else 0.0 for b in backlogs]
+        over_idle = {
+            "idle_deployment": idle.figures(),
+            "idle_share_per_run_s_each": [round(share, 3) for share in shares],
+            "run_cpu_s_outside_spark_over_idle": rounded(
+                median_or_none([c - share for b, share in zip(backlogs, shares, strict=True) for c in b.run_cpu_s])
+            ),
+        }
     return {
         "drains": len(backlogs),
         "drain_s": rounded(statistics.median(b.figures["drain_s"] for b in backlogs)),
@@ -360,6 +425,7 @@ def over_drains(backlogs: Sequence[Backlog]) -> dict[str, Any]:
         "spark_connect_server_cpu_s_per_run": (
             rounded(sum(c for c in connect if c is not None) / runs) if runs and None not in connect else None
         ),
+        **over_idle,
         "standing_starts": [b.figures for b in backlogs],
     }
 
@@ -493,6 +559,10 @@ def drain(
         example.wait_committed("the warm-up to drain", example.highs(), args.timeout)
         warmup_s = time.perf_counter() - warm_started
         print(f"warm-up of {args.warmup_records} records drained after {warmup_s:.1f} s", flush=True)
+        idle: IdleFloor | None = None
+        if args.idle_seconds:
+            finished(example, warm_sampler, warm_wall, warm_boot, time.time(), args.timeout)
+            idle = idle_floor(example, args.idle_seconds, args.cpu_interval)
         backlogs: list[Backlog] = []
         quiet = (warm_sampler, warm_wall, warm_boot)
         for number in range(1, args.drains + 1):
@@ -507,7 +577,7 @@ def drain(
             "startup_s": round(example.startup_s, 2),
             "ready_s": round(example.ready_s, 2),
             "session_timeout_s": args.session_timeout,
-            **over_drains(backlogs),
+            **over_drains(backlogs, idle),
         }
         if args.peer:
             figures.update(peer_while_idle(args, example, bootstrap, topic, backlog, work, cpu_roots.get("broker")))
@@ -561,6 +631,12 @@ def print_targets(result: dict[str, Any], members: int) -> None:
         target_line("run_cpu_s_outside_spark", result["run_cpu_s_outside_spark"], 0.5),
     ):
         print(f"  {line}", flush=True)
+    if "run_cpu_s_outside_spark_over_idle" in result:
+        print(
+            f"  (of run_cpu_s_outside_spark, the idle deployment's share: {result['idle_share_per_run_s_each']} s "
+            f"a run; above idle: {result['run_cpu_s_outside_spark_over_idle']} s)",
+            flush=True,
+        )
     if "ratio_single_job_overlapped" in result:
         print(
             f"  (the measure before, clock from the end of producing with the sensors running: drain "
@@ -586,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
     parser.add_argument(
         "--drains", type=int, default=3, help="standing-start backlogs drained one after another (figures over all)"
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20.0,
+        help="the deployment's CPU with nothing to do, read over this long after the warm-up (0: not read)",
     )
     parser.add_argument("--overhead-repeats", type=int, default=3)
     parser.add_argument("--single-job-repeats", type=int, default=3, help="timed single-job calls after a warm-up")
@@ -620,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.max_records_per_run is not None and args.max_records_per_run < 1:
         parser.error("--max-records-per-run must be >= 1")
+    if not (args.idle_seconds == 0 or 5 <= args.idle_seconds <= 300):
+        parser.error("--idle-seconds must be 0 or within 5..300")
     if args.memory_runs < 0 or args.overhead_repeats < 0:
         parser.error("--memory-runs and --overhead-repeats must be >= 0")
     if not 0.05 <= args.cpu_interval <= 10:
