@@ -3,9 +3,8 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
 [--warmup-records RECORDS] [--spark connect|local] [--idle-seconds 20] [--drains 3] [--overhead-repeats 3]
-[--single-job-repeats 3]
-[--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped] [--[no-]peer]
-[--timeout 1800]``
+[--single-job-repeats 3] [--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped]
+[--[no-]peer] [--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
