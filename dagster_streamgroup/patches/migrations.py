@@ -23,22 +23,20 @@ Dagster's module is imported only once the guard (``dagster_streamgroup.patches.
 
 from __future__ import annotations
 
+import importlib
 import sqlite3
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dagster_streamgroup import patches
+from dagster_streamgroup.patches import sqlite_engines
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
     from sqlalchemy.engine import Connection
 
-SQLITE_STORAGE_MODULES = (
-    "dagster._core.storage.event_log.sqlite.sqlite_event_log",
-    "dagster._core.storage.runs.sqlite.sqlite_run_storage",
-    "dagster._core.storage.schedules.sqlite.sqlite_schedule_storage",
-)
-"""The modules whose storages stamp a new SQLite database (each imported ``stamp_alembic_rev`` by name)."""
+SQLITE_STORAGE_MODULES = sqlite_engines.STORAGE_MODULES
+"""Dagster's SQLite storage modules: each stamps a new database (``stamp_alembic_rev`` imported by name)."""
 
 
 class ParsedScripts:
@@ -79,8 +77,6 @@ def install() -> bool:
     knows (it is then left alone). A storage module whose stamp is not Dagster's own is left alone too."""
     if not patches.enabled():
         return False
-    import importlib
-
     from alembic.script import ScriptDirectory
     from dagster._core.storage import sql
 
