@@ -3,8 +3,8 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
 [--warmup-records RECORDS] [--spark connect|local] [--idle-seconds 20] [--drains 3] [--overhead-repeats 3]
-[--single-job-repeats 3] [--memory-runs 100] [--cpu-interval 0.5] [--session-timeout 300] [--[no-]overlapped]
-[--[no-]peer] [--timeout 1800]``
+[--single-job-repeats 3] [--memory-runs 100] [--cpu-interval 0.5] [--heartbeat 3] [--session-timeout 300]
+[--[no-]overlapped] [--[no-]peer] [--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
@@ -22,7 +22,8 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
    GraphQL (as a user stops them in the UI) and their last ticks and runs end; ``--records`` clickstream
    events arrive (``produce_s``); then the sensors start, and ``drain_s`` runs from their start until Kafka's
    group offsets reach the high watermarks; this is done ``--drains`` times, one backlog after another.
-   The members' session (``--session-timeout``, 300 s) outlasts
+   The members tick every ``--heartbeat`` seconds (3; Dagster's daemon passes every 5 s at the fastest, so 5 s
+   in effect), their ``heartbeat_interval_s``. Their session (``--session-timeout``, 300 s) outlasts
    the pause, so they start as a group that kept its shards, not with a rebalance. The backlog's runs are
    those Dagster created from the start until then: ``runs``, ``launch_p50_s`` (median of run created to
    run started, from the run records' create_timestamp and start_time as GraphQL serves them) and
@@ -300,7 +301,7 @@ def standing_start(
     changes = example.membership_changes(stopped_wall)
     if changes:
         print(f"WARNING: the group changed from the stop to the drain: {changes}", flush=True)
-    if pause_s + 3 * HEARTBEAT_S > args.session_timeout:  # their last heartbeat, then the daemon's next pass
+    if pause_s + 3 * args.heartbeat > args.session_timeout:  # their last heartbeat, then the daemon's next pass
         print(
             f"WARNING: the sensors were stopped {pause_s:.0f} s, near or over the session timeout "
             f"({args.session_timeout:g} s): the members may have evicted each other",
@@ -499,7 +500,7 @@ def peer_while_idle(
             print(f"WARNING: {side} sink does not hold exactly the records it read: {probe}", flush=True)
     if args.overlapped:
         pause_s = time.time() - stopped_wall
-        if pause_s + 3 * HEARTBEAT_S > args.session_timeout:
+        if pause_s + 3 * args.heartbeat > args.session_timeout:
             print(f"WARNING: the peer's pause ({pause_s:.0f} s) is near or over the session timeout", flush=True)
         example.start_sensors(members)
         wait_for("the members to share the shards again", example.shared, args.timeout, 1.0)
@@ -543,7 +544,7 @@ def drain(
     each shard (the single job and the raw consumer read the same records)."""
     settings = ExampleSettings(
         members=args.members,
-        heartbeat_s=HEARTBEAT_S,
+        heartbeat_s=args.heartbeat,
         session_timeout_s=args.session_timeout,
         max_records_per_run=args.max_records_per_run,
         spark_remote=remote,
@@ -576,6 +577,7 @@ def drain(
             "startup_s": round(example.startup_s, 2),
             "ready_s": round(example.ready_s, 2),
             "session_timeout_s": args.session_timeout,
+            "heartbeat_s": args.heartbeat,
             **over_drains(backlogs, idle),
         }
         if args.peer:
@@ -675,6 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cpu-interval", type=float, default=0.5, help="seconds between readings of run processes")
     parser.add_argument(
+        "--heartbeat",
+        type=int,
+        default=int(HEARTBEAT_S),
+        help="the members' heartbeat_interval_s, their sensors' interval (Dagster ticks them every 5 s at the fastest)",
+    )
+    parser.add_argument(
         "--session-timeout",
         type=float,
         default=SESSION_TIMEOUT_S,
@@ -707,8 +715,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--memory-runs and --overhead-repeats must be >= 0")
     if not 0.05 <= args.cpu_interval <= 10:
         parser.error("--cpu-interval must be within 0.05..10 seconds")
-    if args.session_timeout < 2 * HEARTBEAT_S:
-        parser.error(f"--session-timeout must be >= {2 * HEARTBEAT_S:g} (two heartbeats)")
+    if args.heartbeat < 1:
+        parser.error("--heartbeat must be >= 1")
+    if args.session_timeout < 2 * args.heartbeat:
+        parser.error(f"--session-timeout must be >= {2 * args.heartbeat:g} (two heartbeats)")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dagster_streamgroup.local.spark_connect import running_connect_server
