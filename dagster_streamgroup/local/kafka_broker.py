@@ -28,6 +28,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_tls import make_broker_tls
 
 KAFKA_VERSION = "4.4.0"
@@ -323,6 +324,7 @@ class LocalKafka:
         """SIGSTOP: the broker answers nothing until ``resume`` (a broker stalled as under a long GC)."""
         if self.proc is not None:
             os.kill(self.proc.pid, signal.SIGSTOP)
+            procfs.wait_until_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self.proc is not None:

@@ -9,6 +9,7 @@ its port. Both are read here without extra dependencies; on systems without ``/p
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,9 +26,13 @@ def _require_proc() -> None:
         raise ProcfsUnavailableError("process-tree memory and connection counts need Linux /proc")
 
 
-def _parent_of(stat_text: str) -> int:
+def _fields_after_name(stat_text: str) -> list[str]:
     # The command name in field 2 may contain spaces and parentheses; the fields after its last ')' are fixed.
-    return int(stat_text.rsplit(")", 1)[1].split()[1])
+    return stat_text.rsplit(")", 1)[1].split()
+
+
+def _parent_of(stat_text: str) -> int:
+    return int(_fields_after_name(stat_text)[1])
 
 
 def process_tree(root: int) -> list[int]:
@@ -51,6 +56,36 @@ def process_tree(root: int) -> list[int]:
         tree.append(pid)
         pending.extend(children.get(pid, ()))
     return tree
+
+
+def thread_states(pid: int) -> dict[int, str]:
+    """Each thread's state letter (``R``, ``S``, ``T`` for stopped...), empty if the process is gone."""
+    _require_proc()
+    try:
+        tasks = os.listdir(PROC / str(pid) / "task")
+    except OSError:
+        return {}
+    states: dict[int, str] = {}
+    for task in tasks:
+        try:
+            states[int(task)] = _fields_after_name((PROC / str(pid) / "task" / task / "stat").read_text())[0]
+        except (OSError, IndexError, ValueError):
+            continue
+    return states
+
+
+def wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` shows the stopped state after a SIGSTOP. The signal reaches each thread
+    as it next leaves the kernel: a thread busy in a system call can still finish what it was doing (answer a
+    request) after ``kill`` returned, so a fault that must answer nothing starts only once this returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = thread_states(pid)
+        if states and all(state in "Tt" for state in states.values()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} not stopped {timeout_s:g} s after SIGSTOP: thread states {states}")
+        time.sleep(0.01)
 
 
 def cmdline(pid: int) -> list[bytes]:

@@ -13,9 +13,9 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
+
+from dagster_streamgroup.local import procfs
 
 
 @contextlib.contextmanager
@@ -24,34 +24,10 @@ def paused(pid: int | None) -> Iterator[None]:
     assert pid is not None, "only a process this test started can be paused"
     os.kill(pid, signal.SIGSTOP)
     try:
-        _wait_until_stopped(pid)
+        procfs.wait_until_stopped(pid)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-def _wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """SIGSTOP is delivered to each of the process's threads as it next leaves the kernel: a thread busy in a
-    system call can still finish what it was doing (answer a request) after ``kill`` returned. The block starts
-    once every thread shows the stopped state, so nothing the test sends afterwards can be answered."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = _thread_states(pid)
-        if states and all(state in "Tt" for state in states.values()):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"process {pid} not stopped {timeout_s:g} s after SIGSTOP: thread states {states}")
-        time.sleep(0.01)
-
-
-def _thread_states(pid: int) -> dict[int, str]:
-    """Each thread's state letter from /proc (the field after the parenthesised command name)."""
-    states: dict[int, str] = {}
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
-            states[int(task)] = stat.rpartition(")")[2].split()[0]
-    return states
 
 
 class TcpForwarder:
