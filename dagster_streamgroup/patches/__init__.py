@@ -9,6 +9,7 @@ worth it on a 2-core machine (docs/benchmarks.md, docs/launcher.md):
   connections open between uses;
 - ``resource_schema``: the config schema of this package's resources inferred once per class;
 - ``schema_checks``: the SQL storages' "does this table, column or index exist" answered once it is yes;
+- ``run_databases``: each run's SQLite event database copied from an empty one of the same schema;
 - ``run_coordinator``: member runs launched at submit by ``MemberRunCoordinator`` (the queue's private test of
   the instance's limits).
 
@@ -36,6 +37,7 @@ PATCHES = (
     "the shared SQLite engines",
     "the resource-schema cache",
     "the storages' schema-check cache",
+    "the run databases copied from an empty one",
     "member runs launched at submit",
 )
 """What switching off costs, named in the warning."""

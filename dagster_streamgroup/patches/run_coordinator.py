@@ -51,7 +51,7 @@ from filelock import FileLock
 
 from dagster_streamgroup import patches
 from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED, TAG_MEMBER
-from dagster_streamgroup.patches import migrations, schema_checks, sqlite_engines
+from dagster_streamgroup.patches import migrations, run_databases, schema_checks, sqlite_engines
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,12 @@ class MemberRunCoordinator(QueuedRunCoordinator):
         # The daemon builds this coordinator when it starts, and it is the process that keeps the member
         # sensors' tick rows and states: on a SQLite instance one engine per database file (statements
         # compiled once), and the schema checks of each of those writes answered once. It also creates each
-        # run's event database on SQLite: checked and stamped with the migration scripts parsed once.
+        # run's event database on SQLite: copied from an empty one of the same schema, checked with the
+        # migration scripts parsed once.
         sqlite_engines.install()
         schema_checks.install()
         migrations.install()
+        run_databases.install()
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run

@@ -20,7 +20,7 @@ from dagster._core.storage import sql
 
 from dagster_streamgroup import patches
 from dagster_streamgroup.dagster import member_sensors
-from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
+from dagster_streamgroup.patches import migrations, resource_schema, run_databases, schema_checks, sqlite_engines
 from tests.dagster.helpers import counting_asset
 
 UNVERIFIED = "1.13.99"
@@ -55,6 +55,9 @@ def unverified(monkeypatch: pytest.MonkeyPatch) -> None:
         for name in target.methods:
             method = storage_class.__dict__[name]
             monkeypatch.setattr(storage_class, name, getattr(method, "__streamgroup_original__", method))
+    run_storage = importlib.import_module(run_databases.MODULE).SqliteEventLogStorage
+    initdb = run_storage.__dict__["_initdb"]
+    monkeypatch.setattr(run_storage, "_initdb", getattr(initdb, "__streamgroup_original__", initdb))
 
 
 def test_on_another_release_every_patch_stays_off_with_one_warning(
@@ -66,6 +69,7 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
         assert not sqlite_engines.install()
         assert not resource_schema.install()
         assert not schema_checks.install()
+        assert not run_databases.install()
         sensors = member_sensors(counting_asset("g_guard", []), members=2, heartbeat_interval_s=1)  # installs all
     assert len(sensors) == 2, "the definitions load"
     assert getattr(sql, "ScriptDirectory") is ScriptDirectory, "Dagster's schema check is its own"  # noqa: B009
@@ -79,6 +83,8 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
         for name in target.methods:
             method = target.storage_class().__dict__[name]
             assert not hasattr(method, "__streamgroup_original__"), f"{target.class_name}.{name} is Dagster's own"
+    initdb = importlib.import_module(run_databases.MODULE).SqliteEventLogStorage.__dict__["_initdb"]
+    assert not hasattr(initdb, "__streamgroup_original__"), "Dagster builds each run database itself"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert UNVERIFIED in warnings[0] and "1.13.27" in warnings[0] and "stay off" in warnings[0]
@@ -117,11 +123,12 @@ def test_on_another_release_nothing_private_is_imported() -> None:
         for name in {PRIVATE_MODULES!r}:
             sys.modules[name] = None
         from dagster_streamgroup.coordinator import MemberRunCoordinator
-        from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
+        from dagster_streamgroup.patches import migrations, resource_schema, run_databases, schema_checks
+        from dagster_streamgroup.patches import sqlite_engines
 
         assert not migrations.install() and migrations.parse_once() is None
         assert not sqlite_engines.install() and not resource_schema.install()
-        assert not schema_checks.install()
+        assert not schema_checks.install() and not run_databases.install()
         assert issubclass(MemberRunCoordinator, dagster.QueuedRunCoordinator)
         print("loaded")
         """
