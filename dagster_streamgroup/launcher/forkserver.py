@@ -99,12 +99,22 @@ def _script_dir(entry_point: Sequence[str] | None) -> str:
 class ForkServer:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.unreleased: dict[int, int] = {}
-        """Forked children waiting for their go-ahead, by PID: the write end of each one's pipe."""
+        self.runs_per_worker = 1
+        self.worker_idle_s = 60.0
+        self.unreleased: dict[int, socket.socket] = {}
+        """Children waiting for their go-ahead, by PID: the server's end of each one's socket pair."""
+        self.running: dict[int, socket.socket] = {}
+        """Released children that may take another run: each says so on its socket when its run succeeded."""
+        self.idle: dict[int, tuple[socket.socket, float]] = {}
+        """Children waiting for another run, by PID, in the order they became idle (with when, monotonic)."""
+        self.runs_before: dict[int, int] = {}
+        """Runs each live child was released for."""
         self.own_fds: list[int] = []
         """The server's own pipes, which its children close."""
 
     def preload(self, request: Preload) -> bool:
+        self.runs_per_worker = request.runs_per_worker
+        self.worker_idle_s = request.worker_idle_s
         started, cpu_started = time.perf_counter(), time.process_time()
         since = time.time_ns() - CLOCK_SLACK_NS
         missing: list[str] = []
@@ -149,13 +159,18 @@ class ForkServer:
         try:
             while True:
                 self._reap()
+                self._let_idle_go(time.monotonic() - self.worker_idle_s)
                 if not self.channel.pending():
                     sock = self.channel.sock.fileno()
-                    readable, _, _ = select.select([sock, wake_r], [], [], REAP_INTERVAL_S)
+                    workers = {s.fileno(): pid for pid, s in self.running.items()}
+                    readable, _, _ = select.select([sock, wake_r, *workers], [], [], self._wait_s())
                     if wake_r in readable:
                         with contextlib.suppress(BlockingIOError):
                             while os.read(wake_r, 512):
                                 pass
+                    for fd in readable:
+                        if fd in workers:
+                            self._hear(workers[fd])
                     if sock not in readable:
                         continue
                 message = self.channel.recv(timeout_s=0)
@@ -166,46 +181,104 @@ class ForkServer:
                 elif message is not None:
                     self.channel.send(Refused(reason=f"unexpected message {message.type}"))
         finally:
-            for pid, go_w in self.unreleased.items():  # never released: they have not touched their run
-                with contextlib.suppress(OSError):
-                    os.close(go_w)
+            for pid, go in self.unreleased.items():  # never released: they have not touched their run
+                go.close()
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+            for worker in [*self.running.values(), *(worker for worker, _ in self.idle.values())]:
+                worker.close()  # a child waiting for another run exits; one in a run exits after it
+
+    def _wait_s(self) -> float:
+        if not self.idle:
+            return REAP_INTERVAL_S
+        oldest = min(since for _, since in self.idle.values())
+        return max(0.0, min(REAP_INTERVAL_S, oldest + self.worker_idle_s - time.monotonic()))
 
     def _fork(self, request: Fork) -> None:
+        if self._hand_to_idle(request):
+            return
         threads = process.thread_names()
         if len(threads) != 1:
             self.channel.send(Refused(reason=f"{len(threads)} threads are running ({', '.join(threads)})"))
             return
-        go_r, go_w = os.pipe()
-        inherited = [self.channel.sock.fileno(), go_w, *self.own_fds, *self.unreleased.values()]
+        ours, theirs = socket.socketpair()
+        inherited = [self.channel.sock.fileno(), ours.fileno(), *self.own_fds, *self._children_fds()]
         try:
             pid = os.fork()
         except OSError as exc:  # out of memory or processes: the launcher spawns instead, and says why
-            os.close(go_r)
-            os.close(go_w)
+            ours.close()
+            theirs.close()
             self.channel.send(Refused(reason=f"fork() failed: {exc}"))
             return
         if pid == 0:
-            child.run(go_r, request.execute_run_args, inherited)
-        os.close(go_r)
-        self.unreleased[pid] = go_w
+            child.run(theirs.detach(), request.execute_run_args, inherited, self.runs_per_worker)
+        theirs.close()
+        self.unreleased[pid] = ours
+        self.runs_before[pid] = 0
         started = process.start_ticks(pid)
         if started is None:  # it died at once; the reaper reports how
             self.channel.send(Refused(reason=f"the forked child {pid} exited immediately"))
             return
         self.channel.send(Forked(pid=pid, start_ticks=started))
 
+    def _hand_to_idle(self, request: Fork) -> bool:
+        """Give the run to the child that became idle last (the others reach their idle limit first)."""
+        while self.idle:
+            pid = next(reversed(self.idle))
+            worker, _ = self.idle.pop(pid)
+            started = process.start_ticks(pid)
+            try:
+                if started is None:
+                    raise OSError("it exited")
+                worker.sendall(request.execute_run_args.encode() + b"\n")
+            except OSError:
+                worker.close()  # it is exiting; the reaper reports it
+                continue
+            self.unreleased[pid] = worker
+            self.channel.send(Forked(pid=pid, start_ticks=started, runs_before=self.runs_before.get(pid, 0)))
+            return True
+        return False
+
+    def _children_fds(self) -> list[int]:
+        sockets = [*self.unreleased.values(), *self.running.values(), *(w for w, _ in self.idle.values())]
+        return [worker.fileno() for worker in sockets]
+
     def _release(self, request: Release) -> None:
-        go_w = self.unreleased.pop(request.pid, None)
-        if go_w is None:
+        go = self.unreleased.pop(request.pid, None)
+        if go is None:
             self.channel.send(Refused(reason=f"no forked child {request.pid} waits for a release"))
             return
+        started = False
         with contextlib.suppress(OSError):
             if request.start:
-                os.write(go_w, b"1")
-        os.close(go_w)
+                go.sendall(child.GO)
+                started = True
+        runs = self.runs_before.get(request.pid, 0) + (1 if started else 0)
+        self.runs_before[request.pid] = runs
+        if started and runs < self.runs_per_worker:
+            self.running[request.pid] = go
+        else:
+            go.close()  # without the go-ahead, the child exits without touching the run
         self.channel.send(Released(pid=request.pid))
+
+    def _hear(self, pid: int) -> None:
+        """A running child's word: it may take another run (its run succeeded), or it closed its end."""
+        worker = self.running.pop(pid)
+        try:
+            word = worker.recv(1)
+        except OSError:
+            word = b""
+        if word == child.IDLE:
+            self.idle[pid] = (worker, time.monotonic())
+        else:
+            worker.close()
+
+    def _let_idle_go(self, idle_since: float) -> None:
+        """Children idle since before ``idle_since`` read the end of their socket and exit."""
+        for pid, (worker, since) in list(self.idle.items()):
+            if since <= idle_since:
+                del self.idle[pid]
+                worker.close()
 
     def _reap(self) -> None:
         while True:
@@ -215,9 +288,13 @@ class ForkServer:
                 return
             if pid == 0:
                 return
-            go_w = self.unreleased.pop(pid, None)
-            if go_w is not None:
-                os.close(go_w)
+            for worker in (self.unreleased.pop(pid, None), self.running.pop(pid, None)):
+                if worker is not None:
+                    worker.close()
+            idle = self.idle.pop(pid, None)
+            if idle is not None:
+                idle[0].close()
+            self.runs_before.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
             if code != 0:
                 print(

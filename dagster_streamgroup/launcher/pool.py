@@ -77,6 +77,8 @@ class ServerPool:
                 location_name=location_name,
                 instance_ref=instance_ref,
                 modules=self.settings.preload_modules,
+                runs_per_worker=self.settings.runs_per_worker,
+                worker_idle_s=self.settings.worker_idle_seconds,
             )
             try:
                 server = self._start(preload, origin.executable_path, generation)

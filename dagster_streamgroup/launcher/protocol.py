@@ -32,6 +32,10 @@ class Preload(_Message):
     """Dagster-serialized ``InstanceRef``; only its secrets loader is used (the env vars the code server and
     ``execute_run`` inject). No storage is opened: nothing the children inherit talks to a database."""
     modules: tuple[str, ...]
+    runs_per_worker: int = 1
+    """How many runs a child may run one after another (``LauncherSettings.runs_per_worker``)."""
+    worker_idle_s: float = 60.0
+    """How long a child that may run another run waits for one before the server lets it exit."""
 
 
 class Fork(_Message):
@@ -70,6 +74,8 @@ class Forked(_Message):
     type: Literal["forked"] = "forked"
     pid: int
     start_ticks: int
+    runs_before: int = 0
+    """Runs this child ran before this one (0: forked for this run)."""
 
 
 class Refused(_Message):

@@ -61,12 +61,9 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
 
     @classmethod
     def config_type(cls) -> UserConfigSchema:
+        types: dict[Any, Any] = {tuple[str, ...]: [str], int: int, float: float}
         return {
-            name: Field(
-                [str] if name == "preload_modules" else float,
-                is_required=False,
-                description=field.description,
-            )
+            name: Field(types[field.annotation], is_required=False, description=field.description)
             for name, field in LauncherSettings.model_fields.items()
         }
 
@@ -174,6 +171,7 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
             start_ticks=forked.start_ticks,
             via="fork",
             server_pid=server_pid,
+            runs_before=forked.runs_before or None,
         )
         self._instance.add_run_tags(run.run_id, worker.tag())
 
@@ -228,6 +226,8 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
             return bool(self._default_launcher().terminate(run_id))  # type: ignore[no-untyped-call]
         self._instance.report_run_canceling(run)
         problem = f"the run has no {WORKER_TAG} tag" if worker is None else self._unreachable(worker)
+        if problem is None and self._finished(run_id):
+            return False  # it ended meanwhile, and its worker may run another run by now
         if worker is not None and problem is None and not _signal(worker, signal.SIGTERM):
             problem = self._describe_exit(worker)
         if problem is not None:
@@ -236,6 +236,10 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
             )
             return False
         return True
+
+    def _finished(self, run_id: str) -> bool:
+        run = self._instance.get_run_by_id(run_id)
+        return run is None or run.is_finished
 
     def get_run_worker_debug_info(self, run: DagsterRun, include_container_logs: bool | None = True) -> str | None:
         worker = RunWorker.from_tags(run.tags)

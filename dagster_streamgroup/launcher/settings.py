@@ -62,6 +62,20 @@ class LauncherSettings(BaseModel):
         description="After a failed preload, runs of that code location are spawned without trying again "
         "for this long, unless its files change first.",
     )
+    runs_per_worker: int = Field(
+        default=1,
+        ge=1,
+        description="How many runs one forked worker may run one after another. 1 (the default) is Dagster's "
+        "model: a new process per run. Above 1, a worker whose run succeeded waits for the next run of its "
+        "code location instead of exiting, so that run skips the fork and the copy of the server's memory "
+        "that a new process writes to; a failed, canceled or interrupted run's worker still exits.",
+    )
+    worker_idle_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a worker that may take another run waits for one before it exits (with "
+        "runs_per_worker above 1).",
+    )
 
     @field_validator("preload_modules")
     @classmethod

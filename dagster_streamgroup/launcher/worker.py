@@ -24,6 +24,8 @@ class RunWorker(BaseModel):
     via: Literal["fork", "spawn"]
     server_pid: int | None = None
     """The fork server the worker was forked from (None when spawned)."""
+    runs_before: int | None = None
+    """Runs the worker ran before this one (None: a process started for this run)."""
 
     def tag(self) -> dict[str, str]:
         return {WORKER_TAG: self.model_dump_json(exclude_none=True)}

@@ -27,11 +27,19 @@ def test_settings_defaults_and_errors_that_name_the_field() -> None:
         LauncherSettings.from_config({"preload_modules": ["pandas; rm"]})
     with pytest.raises(LauncherSettingsError, match=r"preload_module: Extra inputs are not permitted"):
         LauncherSettings.from_config({"preload_module": ["pandas"]})
+    assert settings.runs_per_worker == 1, "a new process per run unless configured"
+    with pytest.raises(LauncherSettingsError, match=r"runs_per_worker: Input should be greater than or equal to 1"):
+        LauncherSettings.from_config({"runs_per_worker": 0})
+    with pytest.raises(LauncherSettingsError, match=r"worker_idle_seconds: Input should be greater than 0"):
+        LauncherSettings.from_config({"worker_idle_seconds": 0})
 
 
 def test_worker_tag_round_trip_and_unreadable_tags() -> None:
     worker = RunWorker(host="h", boot_id="b", pid=12, start_ticks=34, via="fork", server_pid=5)
     assert RunWorker.from_tags(worker.tag()) == worker
+    assert "runs_before" not in worker.tag()[WORKER_TAG], "a process started for its run"
+    reused = worker.model_copy(update={"runs_before": 2})
+    assert RunWorker.from_tags(reused.tag()) == reused
     assert RunWorker.from_tags({}) is None
     assert RunWorker.from_tags({WORKER_TAG: "not json"}) is None
 
