@@ -198,7 +198,8 @@ def finished(
     timeout_s: float,
 ) -> tuple[list[dict[str, Any]], bool]:
     """The runs created in ``[since_wall, until_wall)`` once Dagster recorded their end, and whether their
-    processes (started after ``since_boot``) have exited too (waited for up to a minute more)."""
+    processes (started after ``since_boot``) have exited, or gone idle for their next run, too (waited for up to
+    a minute more)."""
 
     def ended() -> list[dict[str, Any]] | None:
         runs = example.runs_created(since_wall, until_wall)
@@ -608,7 +609,7 @@ def print_run_cpu(run_cpu: process_cpu.RunCpu, runs: int, exited: bool) -> None:
     """The parts of ``run_cpu_s_outside_spark``."""
     n = max(run_cpu.runs, 1)
     print(
-        f"run workers: {run_cpu.via} for {runs} runs, {run_cpu.workers_sampled} sampled alive (all exited: "
+        f"run workers: {run_cpu.via} for {runs} runs, {run_cpu.workers_sampled} sampled alive (all exited or idle: "
         f"{exited}); per run CPU s outside Spark "
         f"{[round(v, 3) for v in sorted(run_cpu.per_run_outside_spark_s)]}\n"
         f"  = worker sampled ({run_cpu.sampled_s - run_cpu.local_spark_s:.2f} s in all) "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,8 +251,11 @@ def run_processes(seen: Mapping[tuple[int, float], Seen], born_after_s: float) -
     return out
 
 
-def run_cpu(seen: Mapping[tuple[int, float], Seen], run: tuple[int, float]) -> tuple[float, float]:
-    """Own CPU seconds of a run process and of its descendants over their lives: (outside Spark, in a local
+def run_cpu(
+    seen: Mapping[tuple[int, float], Seen], run: tuple[int, float], window_start_s: float = 0.0
+) -> tuple[float, float]:
+    """Own CPU seconds of a run process and of its descendants over their lives, or, for a process that started
+    before ``window_start_s`` (a worker that ran earlier runs), over the window: (outside Spark, in a local
     Spark the run started)."""
     children: dict[tuple[int, float], list[tuple[int, float]]] = {}
     for key, entry in seen.items():
@@ -262,10 +266,11 @@ def run_cpu(seen: Mapping[tuple[int, float], Seen], run: tuple[int, float]) -> t
     while pending:
         key = pending.pop()
         entry = seen[key]
+        spent = entry.last_own_s - (entry.first_own_s if entry.started_s < window_start_s else 0.0)
         if entry.role == SPARK_IN_RUNS:
-            spark += entry.last_own_s
+            spark += spent
         else:
-            outside += entry.last_own_s
+            outside += spent
         pending.extend(children.get(key, ()))
     return outside, spark
 
@@ -354,6 +359,10 @@ def run_cpu_figures(
     # Each run: its worker's key if sampled, and the process that reaps it (whose children's time holds it).
     own: list[tuple[float, float]] = []
     reaper_of: list[tuple[int, float] | None] = []
+    alive_at_end: list[bool] = []
+    # A worker that runs several runs one after another (``runs_per_worker``) is named by each of their tags:
+    # its CPU over the window is split among the runs it ran in the window.
+    runs_of = Counter(worker_key(w.pid, w.start_ticks) for w in workers if w is not None)
     via: dict[str, int] = {}
     spare_roots = iter(untagged_roots)
     for worker in workers:
@@ -371,23 +380,29 @@ def run_cpu_figures(
             if key is None:
                 reaper_of.append(code_servers[0] if len(code_servers) == 1 else None)
         if key is not None:
-            own.append(run_cpu(seen, key))
+            outside, spark = run_cpu(seen, key, window_start_s)
+            shared_by = runs_of.get(key, 1)
+            own.append((outside / shared_by, spark / shared_by))
+            alive_at_end.append(seen[key].alive)
             parent = seen[key].parent
             usable = parent is not None and parent in seen and seen[parent].role in (CODE_SERVER, FORK_SERVER)
             reaper_of.append(parent if usable else None)
         else:
             own.append((0.0, 0.0))
+            alive_at_end.append(False)
     extra_roots = list(spare_roots)  # more topmost processes than untagged runs: counted, as runs of their own
     for key in extra_roots:
         own.append(run_cpu(seen, key))
         reaper_of.append(None)
+        alive_at_end.append(seen[key].alive)
 
     tail_share = [0.0] * len(own)
     reaped_total = tail_total = 0.0
     for reaper in {r for r in reaper_of if r is not None}:
         mine = [i for i, r in enumerate(reaper_of) if r == reaper]
         reaped = seen[reaper].last_children_s - seen[reaper].first_children_s
-        tail = max(0.0, reaped - sum(sum(own[i]) for i in mine))
+        # Only exited children's time reaches their reaper: a worker still alive (idle for its next run) is not in it.
+        tail = max(0.0, reaped - sum(sum(own[i]) for i in mine if not alive_at_end[i]))
         reaped_total += reaped
         tail_total += tail
         for i in mine:
@@ -417,13 +432,29 @@ def run_cpu_figures(
     )
 
 
-def wait_until_exited(sampler: TreeSampler, runs: Iterable[tuple[int, float]], timeout_s: float) -> bool:
-    """Wait (sampling on) until the run processes have exited, at most ``timeout_s``."""
+def wait_until_exited(
+    sampler: TreeSampler, runs: Iterable[tuple[int, float]], timeout_s: float, idle_s: float = 1.0
+) -> bool:
+    """Wait (sampling on) until the run processes have exited or gone idle, at most ``timeout_s``. Called once
+    the runs ended: a worker that stays for its next run (``runs_per_worker``) counts as done once its own CPU
+    has not moved for ``idle_s`` (CPU it spends after that, before its next run, is not counted)."""
     wanted = list(runs)
     deadline = time.monotonic() + timeout_s
+    last_moved: dict[tuple[int, float], tuple[float, float]] = {}
     while time.monotonic() < deadline:
-        seen = sampler.snapshot()
-        if not any(seen[key].alive for key in wanted if key in seen):
+        seen, now = sampler.snapshot(), time.monotonic()
+        busy = False
+        for key in wanted:
+            entry = seen.get(key)
+            if entry is None or not entry.alive:
+                continue
+            cpu, since = last_moved.get(key, (-1.0, now))
+            if cpu != entry.last_own_s:
+                last_moved[key] = (entry.last_own_s, now)
+                busy = True
+            elif now - since < idle_s:
+                busy = True
+        if not busy:
             return True
         time.sleep(sampler.interval_s)
     return False

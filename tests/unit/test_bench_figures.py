@@ -130,8 +130,9 @@ def seen(
     own: tuple[float, float],
     children: tuple[float, float] = (0.0, 0.0),
     own_at_first_child: float | None = None,
+    alive: bool = True,
 ) -> Seen:
-    return Seen(pid, started, parent, role, own[0], own[1], children[0], children[1], True, own_at_first_child)
+    return Seen(pid, started, parent, role, own[0], own[1], children[0], children[1], alive, own_at_first_child)
 
 
 def ticks(seconds: float) -> int:
@@ -153,8 +154,8 @@ def fork_launcher_table() -> dict[tuple[int, float], Seen]:
         CODE: seen(10, 1.0, None, "code_server", (30.0, 30.6)),
         DAEMON: seen(12, 1.5, None, "daemon", (8.0, 8.75), children=(0.0, 6.1)),  # reaped an old fork server
         SERVER: seen(13, 2.0, DAEMON, FORK_SERVER, (6.1, 6.13), children=(5.0, 6.2), own_at_first_child=6.0),
-        w1: seen(20, w1[1], SERVER, RUNS, (0.05, 0.3)),  # first seen 0.05 s in: its whole CPU is since the fork
-        w2: seen(21, w2[1], SERVER, RUNS, (0.1, 0.4)),
+        w1: seen(20, w1[1], SERVER, RUNS, (0.05, 0.3), alive=False),  # first seen 0.05 s in: all since the fork
+        w2: seen(21, w2[1], SERVER, RUNS, (0.1, 0.4), alive=False),
     }
 
 
@@ -194,7 +195,7 @@ def test_a_fork_server_started_in_the_window_has_its_preload_apart() -> None:
     replaced = (14, 52.0)  # the code changed: a new server loads for 6 s, then forks the last run
     w3 = process_cpu.worker_key(22, ticks(58.0))
     table[replaced] = seen(14, 52.0, DAEMON, FORK_SERVER, (0.0, 6.02), children=(0.0, 0.25), own_at_first_child=6.0)
-    table[w3] = seen(22, w3[1], replaced, RUNS, (0.01, 0.2))
+    table[w3] = seen(22, w3[1], replaced, RUNS, (0.01, 0.2), alive=False)
     table[SERVER].last_children_s = 5.7  # it reaped the first two only
     workers = [*fork_workers()[:2], Worker(22, ticks(58.0), "fork", 14)]
     figures = process_cpu.run_cpu_figures(table, WINDOW, workers)
@@ -206,13 +207,33 @@ def test_a_fork_server_started_in_the_window_has_its_preload_apart() -> None:
     assert sorted(figures.per_run_outside_spark_s) == pytest.approx([0.25 + shared, 0.3 + shared, 0.4 + shared])
 
 
+def test_a_worker_that_ran_earlier_runs_counts_its_cpu_over_the_window_split_among_its_runs() -> None:
+    """With ``runs_per_worker``, a worker forked before the window runs two of its runs and stays (idle): the
+    window's part of its CPU, halved; the other worker was forked in the window and exited; the reaped tail is
+    weighed against the exited worker only."""
+    table = fork_launcher_table()
+    del table[process_cpu.worker_key(21, ticks(55.0))]
+    kept = process_cpu.worker_key(19, ticks(30.0))
+    table[kept] = seen(19, kept[1], SERVER, RUNS, (2.0, 2.5))  # 2.0 s spent on runs before the window
+    table[SERVER].last_children_s = 5.35  # it reaped the two workers that exited: 0.3 sampled, 0.05 missed
+    workers = [Worker(19, ticks(30.0), "fork", 13), Worker(19, ticks(30.0), "fork", 13), *fork_workers()[::2]]
+    figures = process_cpu.run_cpu_figures(table, WINDOW, workers)
+    assert (figures.runs, figures.workers_sampled) == (4, 3)
+    assert figures.tail_s == pytest.approx(0.05)
+    shared = (0.6 + 0.75 + 0.03) / 4
+    tail = 0.05 / 4  # the server's tail, shared by the runs it served
+    assert sorted(figures.per_run_outside_spark_s) == pytest.approx(
+        [0.0 + tail + shared, 0.25 + tail + shared, 0.25 + tail + shared, 0.3 + tail + shared]
+    )
+
+
 def test_default_launcher_runs_are_the_topmost_processes_the_code_server_started() -> None:
     table = {
         CODE: seen(10, 1.0, None, "code_server", (5.0, 6.0), children=(1.0, 4.5)),
-        (20, 50.0): seen(20, 50.0, CODE, RUNS, (0.2, 2.0)),
-        (21, 51.0): seen(21, 51.0, (20, 50.0), RUNS, (0.0, 0.1)),  # its log tailer
-        (22, 52.0): seen(22, 52.0, (20, 50.0), "spark_in_runs", (0.0, 9.0)),  # a local Spark it started
-        (30, 60.0): seen(30, 60.0, CODE, RUNS, (0.3, 1.2)),
+        (20, 50.0): seen(20, 50.0, CODE, RUNS, (0.2, 2.0), alive=False),
+        (21, 51.0): seen(21, 51.0, (20, 50.0), RUNS, (0.0, 0.1), alive=False),  # its log tailer
+        (22, 52.0): seen(22, 52.0, (20, 50.0), "spark_in_runs", (0.0, 9.0), alive=False),  # a local Spark it started
+        (30, 60.0): seen(30, 60.0, CODE, RUNS, (0.3, 1.2), alive=False),
         (5, 0.5): seen(5, 0.5, CODE, RUNS, (0.0, 0.1)),  # a helper started before the window
     }
     assert sorted(process_cpu.run_processes(table, WINDOW)) == [(20, 50.0), (30, 60.0)]
