@@ -71,12 +71,14 @@ wait in their tick for a run to end (``tick_wait_s``) as they do with one group 
 
 def instance_yaml(outage_file: Path) -> str:
     """The project's instance settings with the fork-server run launcher (as the chaos subclass that refuses
-    launches while ``outage_file`` exists), a faster monitoring poll and a sensor thread for every member."""
+    launches while ``outage_file`` exists, with the project's launcher settings), a faster monitoring poll and a
+    sensor thread for every member."""
     settings: dict[str, Any] = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    launcher_config = (settings.get("run_launcher") or {}).get("config") or {}
     settings["run_launcher"] = {
         "module": "bench.chaos.launcher",
         "class": "OutageRunLauncher",
-        "config": {"outage_file": str(outage_file)},
+        "config": {**launcher_config, "outage_file": str(outage_file)},
     }
     settings["sensors"] = {**(settings.get("sensors") or {}), "use_threads": True, "num_workers": SENSOR_WORKERS}
     settings["run_monitoring"] = {
