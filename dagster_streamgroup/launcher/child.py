@@ -25,11 +25,12 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import traceback
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from dagster_streamgroup.launcher import process
 
@@ -50,15 +51,18 @@ def run(channel_fd: int, execute_run_args: str, inherited_fds: Iterable[int], ru
     try:
         make_fork_safe(inherited_fds, keep=channel_fd)
         process.set_name("dagster-run")
+        channel = socket.socket(fileno=channel_fd)
+        # One buffer for every read: the next run's arguments and its go-ahead may arrive in one segment.
+        reader = channel.makefile("rb")
         for ran in itertools.count(1):
             # Anything but the go-ahead: the launcher could not tag the run (or is gone); leave the run untouched.
-            if os.read(channel_fd, 1) != GO:
+            if reader.read(1) != GO:
                 code = 0
                 break
             code = execute_run(execute_run_args)
             if ran >= runs_per_worker or code != 0 or not may_run_another(execute_run_args):
                 break
-            next_args = next_run(channel_fd)
+            next_args = next_run(channel, reader)
             if next_args is None:  # the server let it go (idle too long, or the server exited)
                 break
             execute_run_args = next_args
@@ -100,18 +104,15 @@ def _instance(args: Any) -> Any:
     return _instances[key]
 
 
-def next_run(channel_fd: int) -> str | None:
+def next_run(channel: socket.socket, reader: BinaryIO) -> str | None:
     """Say ``IDLE`` and wait for the next run's ``execute_run`` arguments (one line); None when the server
     closes its end instead."""
     try:
-        os.write(channel_fd, IDLE)
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = os.read(channel_fd, 65536)
-            if not chunk:
-                return None
-            line += chunk
+        channel.sendall(IDLE)
+        line = reader.readline()
     except OSError:
+        return None
+    if not line.endswith(b"\n"):
         return None
     return line[:-1].decode()
 

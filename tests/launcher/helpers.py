@@ -29,6 +29,8 @@ LOCATION_SOURCE = Path(__file__).parent / "location"
 LOCATION = "launcher_tests"
 FORK_LAUNCHER = {"module": "dagster_streamgroup.launcher", "class": "ForkServerRunLauncher"}
 PYTHON = sys.executable
+SUCCESS = {dg.DagsterRunStatus.SUCCESS}
+FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 def copy_location(target: Path) -> Path:
@@ -122,6 +124,12 @@ class Deployment:
             materialization = record.dagster_event.step_materialization_data.materialization
             return {key: value.value for key, value in materialization.metadata.items()}
         raise AssertionError(f"run {run_id} materialized nothing")
+
+
+def captured_stdout(deployment: Deployment, run_id: str) -> str:
+    """What the run's step printed, as the compute log manager captured it (what the UI shows)."""
+    files = sorted((deployment.home / "storage" / run_id / "compute_logs").glob("*.out"))
+    return "".join(f.read_text() for f in files)
 
 
 def _in(run: dg.DagsterRun, statuses: set[dg.DagsterRunStatus]) -> dg.DagsterRun | None:

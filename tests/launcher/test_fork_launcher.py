@@ -20,8 +20,11 @@ from dagster_shared.record import copy
 from dagster_streamgroup.launcher import process
 from dagster_streamgroup.local import procfs
 from tests.launcher.helpers import (
+    FINISHED,
     PYTHON,
+    SUCCESS,
     Deployment,
+    captured_stdout,
     copy_location,
     event_shape,
     fork_servers_of,
@@ -31,9 +34,6 @@ from tests.launcher.helpers import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-SUCCESS = {dg.DagsterRunStatus.SUCCESS}
-FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 @pytest.fixture
@@ -46,12 +46,6 @@ def deployment(tmp_path: Path, location: Path) -> Iterator[Deployment]:
     deployment = Deployment(tmp_path / "home", location, instance_yaml())
     yield deployment
     deployment.close()
-
-
-def _captured_stdout(deployment: Deployment, run_id: str) -> str:
-    """What the run's step printed, as the compute log manager captured it (what the UI shows)."""
-    files = sorted((deployment.home / "storage" / run_id / "compute_logs").glob("*.out"))
-    return "".join(f.read_text() for f in files)
 
 
 def _exited(deployment: Deployment, run_id: str) -> bool:
@@ -76,7 +70,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
     facts = deployment.materialization(forked)
     assert worker.via == "fork" and worker.pid == facts["pid"] and worker.server_pid == facts["ppid"]
     assert worker.host == process.hostname() and worker.boot_id == process.boot_id()
-    assert _captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
+    assert captured_stdout(deployment, forked) == f"quick ran in process {worker.pid}\n"
     assert facts["schema_check_scripts"] == "ParsedScripts", "the migration scripts parsed once, in the server"
     assert facts["event_log_engines"] == "dagster_streamgroup.patches.sqlite_engines", "one engine per database"
     assert facts["ipython"] == "settled", "the server looked for PySpark's optional IPython once, for every run"
@@ -92,7 +86,7 @@ def test_a_run_succeeds_with_the_events_of_the_default_launcher(
         assert default.materialization(spawned)["schema_check_scripts"] == "ScriptDirectory"
         assert default.materialization(spawned)["event_log_engines"] == "sqlalchemy.engine.create"
         assert default.materialization(spawned)["ipython"] == "searched"
-        assert _captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
+        assert captured_stdout(default, spawned) == f"quick ran in process {spawned_pid}\n"
         assert default.run(spawned).tags.keys() - {".dagster/grpc_info"} == run.tags.keys() - {"streamgroup/run_worker"}
     finally:
         default.close()

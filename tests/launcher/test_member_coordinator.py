@@ -14,11 +14,10 @@ import pytest
 from dagster_streamgroup import patches
 from dagster_streamgroup.coordinator import MemberRunCoordinator
 from dagster_streamgroup.dagster import tags as sgt
-from tests.launcher.helpers import Deployment, copy_location, instance_yaml, wait_until
+from tests.launcher.helpers import FINISHED, Deployment, copy_location, instance_yaml, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 LIMITS = [{"key": sgt.TAG_SHARD, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
 
 

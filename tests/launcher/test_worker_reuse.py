@@ -11,12 +11,19 @@ import dagster as dg
 import pytest
 
 from dagster_streamgroup.launcher import process
-from tests.launcher.helpers import Deployment, copy_location, event_shape, in_other_process, instance_yaml, wait_until
+from tests.launcher.helpers import (
+    FINISHED,
+    SUCCESS,
+    Deployment,
+    captured_stdout,
+    copy_location,
+    event_shape,
+    in_other_process,
+    instance_yaml,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-SUCCESS = {dg.DagsterRunStatus.SUCCESS}
-FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 def _deployment(tmp_path: Path, name: str, **launcher_config: float) -> Deployment:
@@ -29,11 +36,6 @@ def reusing(tmp_path: Path) -> Iterator[Deployment]:
     deployment = _deployment(tmp_path, "reusing", runs_per_worker=3, worker_idle_seconds=120)
     yield deployment
     deployment.close()
-
-
-def _captured_stdout(deployment: Deployment, run_id: str) -> str:
-    files = sorted((deployment.home / "storage" / run_id / "compute_logs").glob("*.out"))
-    return "".join(f.read_text() for f in files)
 
 
 def _gone(worker_pid: int, start_ticks: int) -> bool:
@@ -59,7 +61,7 @@ def test_a_worker_whose_run_succeeded_runs_the_next_runs_up_to_its_limit(reusing
     for run_id, worker in zip(run_ids, workers, strict=True):
         facts = reusing.materialization(run_id)
         assert facts["pid"] == worker.pid and facts["ppid"] == worker.server_pid
-        assert _captured_stdout(reusing, run_id) == f"quick ran in process {worker.pid}\n", "its own logs, once"
+        assert captured_stdout(reusing, run_id) == f"quick ran in process {worker.pid}\n", "its own logs, once"
         assert facts["event_log_engines"] == "dagster_streamgroup.patches.sqlite_engines"
     randoms = {reusing.materialization(run_id)["random"] for run_id in run_ids}
     assert len(randoms) == 4

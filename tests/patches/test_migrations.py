@@ -13,6 +13,7 @@ from dagster._core.storage import sql
 from dagster._core.storage.runs.sqlite import sqlite_run_storage
 
 from dagster_streamgroup.patches import migrations
+from tests.patches import run_database
 
 
 def test_the_schema_check_answers_the_same_with_the_scripts_parsed_once(tmp_path: Path) -> None:
@@ -41,29 +42,9 @@ def test_the_schema_check_answers_the_same_with_the_scripts_parsed_once(tmp_path
 def _new_run_database(base_dir: Path) -> tuple[list[tuple[str, ...]], list[tuple[str, str, str]]]:
     """A SQLite event log storage creates a run's database at the run's first event: its version rows and its
     schema (every table and index with its SQL)."""
-    from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
-    from dagster._core.events.log import EventLogEntry
-    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
-
-    storage = SqliteEventLogStorage(str(base_dir))
-    planned = DagsterEvent(
-        DagsterEventType.ASSET_MATERIALIZATION_PLANNED.value,
-        "job",
-        event_specific_data=AssetMaterializationPlannedData(dg.AssetKey("a")),
-    )
-    entry = EventLogEntry(
-        error_info=None, level=20, user_message="", run_id="run-1", timestamp=1.0, dagster_event=planned, job_name="job"
-    )
-    storage.store_event(entry)
-    storage.dispose()
-    engine = db.create_engine(f"sqlite:///{base_dir / 'run-1.db'}")
-    try:
-        with engine.connect() as conn:
-            versions = [tuple(row) for row in conn.execute(db.text("SELECT version_num FROM alembic_version"))]
-            schema = conn.execute(db.text("SELECT type, name, sql FROM sqlite_master ORDER BY type, name"))
-            return versions, [(str(t), str(n), str(q)) for t, n, q in schema]
-    finally:
-        engine.dispose()
+    run_database.store_first_event(base_dir, "run-1")
+    versions, schema, _, _ = run_database.contents(base_dir / "run-1.db")
+    return versions, schema
 
 
 def test_a_new_run_database_is_stamped_the_same_with_the_scripts_parsed_once(

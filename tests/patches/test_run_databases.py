@@ -10,14 +10,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import sqlalchemy as db
-from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
-from dagster._core.events.log import EventLogEntry
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
 from dagster_streamgroup.patches import run_databases
-
-Contents = tuple[list[tuple[str, ...]], list[tuple[str, str, str]], str, int]
+from tests.patches import run_database
 
 
 @pytest.fixture
@@ -31,53 +26,24 @@ def dagsters_own(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def _first_event(base_dir: Path, run_id: str) -> None:
-    """What the daemon does when it creates a run: store the run's first event, which creates its database."""
-    storage = SqliteEventLogStorage(str(base_dir))
-    planned = DagsterEvent(
-        DagsterEventType.ASSET_MATERIALIZATION_PLANNED.value,
-        "job",
-        event_specific_data=AssetMaterializationPlannedData(dg.AssetKey("a")),
-    )
-    entry = EventLogEntry(
-        error_info=None, level=20, user_message="", run_id=run_id, timestamp=1.0, dagster_event=planned, job_name="job"
-    )
-    storage.store_event(entry)
-    assert len(storage.get_records_for_run(run_id).records) == 1, "the event is stored"
-    storage.dispose()
-
-
-def _contents(path: Path) -> Contents:
-    """A run database's version rows, schema (every table and index with its SQL), journal mode and events."""
-    engine = db.create_engine(f"sqlite:///{path}")
-    try:
-        with engine.connect() as conn:
-            versions = [tuple(row) for row in conn.execute(db.text("SELECT version_num FROM alembic_version"))]
-            schema = conn.execute(db.text("SELECT type, name, sql FROM sqlite_master ORDER BY type, name"))
-            mode = conn.execute(db.text("PRAGMA journal_mode")).scalar_one()
-            events = conn.execute(db.text("SELECT count(*) FROM event_logs")).scalar_one()
-            return versions, [(str(t), str(n), str(q)) for t, n, q in schema], str(mode), int(events)
-    finally:
-        engine.dispose()
-
-
 def test_a_run_database_from_the_copy_holds_what_dagster_builds(tmp_path: Path, dagsters_own: None) -> None:
-    _first_event(tmp_path / "dagster", "run-1")
-    expected = _contents(tmp_path / "dagster" / "run-1.db")
+    run_database.store_first_event(tmp_path / "dagster", "run-1")
+    expected = run_database.contents(tmp_path / "dagster" / "run-1.db")
     assert expected[0] and expected[1] and expected[2] == "wal" and expected[3] == 1
 
     assert run_databases.install() and run_databases.install(), "installing twice is harmless"
     base = tmp_path / "copied"
     for run_id in ("run-1", "run-2"):  # the first builds the kept copy, the second is made from it
-        _first_event(base, run_id)
-        assert _contents(base / f"{run_id}.db") == expected
+        run_database.store_first_event(base, run_id)
+        assert run_database.contents(base / f"{run_id}.db") == expected
     assert run_databases.KEPT.content is not None
     assert not [p.name for p in base.iterdir() if p.suffix == ".tmp"], "no temporary file left"
     (tmp_path / "instance").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "instance")) as instance:  # a run end to end on the copy
         result = dg.materialize([dg.asset(name="x")(lambda: 1)], instance=instance)
         assert result.success
-        assert _contents(tmp_path / "instance" / "history" / "runs" / f"{result.run_id}.db")[:3] == expected[:3]
+        runs = tmp_path / "instance" / "history" / "runs"
+        assert run_database.contents(runs / f"{result.run_id}.db")[:3] == expected[:3]
         assert instance.get_latest_materialization_event(dg.AssetKey("x")) is not None
 
 
@@ -85,14 +51,14 @@ def test_an_existing_file_is_never_replaced(tmp_path: Path, dagsters_own: None) 
     """A file at the run's name (another process opened it first: SQLite creates it empty) stays the same file,
     and Dagster's own path builds the schema in it."""
     assert run_databases.install()
-    _first_event(tmp_path, "run-0")  # the kept copy exists
+    run_database.store_first_event(tmp_path, "run-0")  # the kept copy exists
     path = tmp_path / "run-1.db"
     path.touch()
     inode = os.stat(path).st_ino
-    _first_event(tmp_path, "run-1")
+    run_database.store_first_event(tmp_path, "run-1")
     assert os.stat(path).st_ino == inode
-    assert _contents(path)[2:] == ("wal", 1)
-    assert _contents(path)[:2] == _contents(tmp_path / "run-0.db")[:2]
+    assert run_database.contents(path)[2:] == ("wal", 1)
+    assert run_database.contents(path)[:2] == run_database.contents(tmp_path / "run-0.db")[:2]
 
 
 def test_placing_a_copy_at_a_taken_name_fails_and_leaves_both_untouched(tmp_path: Path) -> None:
