@@ -36,7 +36,7 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
    the CPU of its last interval, which the sampling misses, is added back from its parent's **children's
    accounting** (the fork server or the code server reaps it: their ``cutime`` gains the worker's whole
    CPU), split equally over that parent's runs. A worker that ran earlier runs and stays for the next
-   (``runs_per_worker`` of the launcher, 20 in the example) counts with its CPU over the window, split among
+   (the launcher's ``runs_per_worker`` above 1) counts with its CPU over the window, split among
    the window's runs it ran, read once it has gone idle (its CPU still for a second). Its first run, outside
    the timed drains, paid for the copy of the fork server's memory a new process makes (docs/launcher.md).
    Readings start when the window opens, so a fork server's
