@@ -90,18 +90,19 @@ def may_run_another(execute_run_args: str) -> bool:
     return run is not None and run.status == DagsterRunStatus.SUCCESS
 
 
-_instances: dict[str, Any] = {}
-"""The instance each run's reference names, opened once per worker to read its runs' statuses."""
+_instance_kept: list[tuple[bytes, Any]] = []
+"""The instance the worker's runs name (their reference, serialized, with it), opened once per worker to read
+its runs' statuses; replaced if a run names another."""
 
 
 def _instance(args: Any) -> Any:
     from dagster import DagsterInstance
     from dagster._serdes import serialize_value
 
-    key = serialize_value(args.instance_ref)
-    if key not in _instances:
-        _instances[key] = DagsterInstance.from_ref(args.instance_ref)
-    return _instances[key]
+    ref = serialize_value(args.instance_ref).encode()
+    if not _instance_kept or _instance_kept[0][0] != ref:
+        _instance_kept[:] = [(ref, DagsterInstance.from_ref(args.instance_ref))]
+    return _instance_kept[0][1]
 
 
 def next_run(channel: socket.socket, reader: BinaryIO) -> str | None:

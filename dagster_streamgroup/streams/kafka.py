@@ -456,8 +456,8 @@ class KafkaBackend:
         when brokers are added, removed or reached by another name (a DNS alias, a load balancer), so none of
         those starts a new state. Asked of the cluster once per backend."""
         if self._cluster_id is None:
-            with self._admin_call("reading the cluster id"):
-                cluster = self.admin.describe_cluster(request_timeout=self.request_timeout_s).result()
+            with self._admin_call("reading the cluster id") as admin:
+                cluster = admin.describe_cluster(request_timeout=self.request_timeout_s).result()
             if not cluster.cluster_id:
                 raise StreamError(f"the cluster at {self.config.bootstrap_servers} gave no cluster id")
             self._cluster_id = str(cluster.cluster_id)
@@ -475,22 +475,35 @@ class KafkaBackend:
 
     @property
     def admin(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = new_client(AdminClient, {**self.config.client_config(), "error_cb": self._admin_errors})
-        return self._admin
+        # Read once: a tick on another thread may drop the cached client between a check and a return.
+        admin = self._admin
+        if admin is None:
+            admin = new_client(AdminClient, {**self.config.client_config(), "error_cb": self._admin_errors})
+            self._admin = admin
+        return admin
+
+    def _drop_admin(self, admin: AdminClient) -> None:
+        """Replace ``admin`` at the next call, unless another thread replaced it already (its successor stays)."""
+        if self._admin is admin:
+            self._admin = None
 
     @contextlib.contextmanager
-    def _admin_call(self, what: str) -> Iterator[None]:
+    def _admin_call(self, what: str) -> Iterator[AdminClient]:
         """A request of the cached admin client; a client whose request failed is replaced at the next call.
         librdkafka can keep talking to a connection that a restarted broker never answers again: in a chaos
         run, every group-offset read of a long-lived client timed out for 13 minutes after a broker restart,
-        while new clients read and committed at once."""
+        while new clients read and committed at once. The backend is shared by the ticks of a code server's
+        sensors, which run in threads: the call holds its client until it ends, since librdkafka fails the
+        requests of a client that is destroyed while they wait ("Broker handle destroyed")."""
+        admin: AdminClient | None = None
         try:
             with _wrapped(what):
-                yield
+                admin = self.admin
+                yield admin
         except StreamError as exc:
-            hint = self._admin_errors.hint(self._admin)
-            self._admin = None
+            hint = self._admin_errors.hint(admin)
+            if admin is not None:
+                self._drop_admin(admin)
             if hint:
                 raise StreamError(f"{exc}; {hint}") from exc.__cause__
             raise
@@ -502,8 +515,8 @@ class KafkaBackend:
         return TopicPartition(topic, partition) if offset is None else TopicPartition(topic, partition, offset)
 
     def shards(self) -> list[str]:
-        with self._admin_call("listing the stream's partitions"):
-            metadata = self.admin.list_topics(timeout=self.request_timeout_s)
+        with self._admin_call("listing the stream's partitions") as admin:
+            metadata = admin.list_topics(timeout=self.request_timeout_s)
         shards: list[str] = []
         for topic in self.config.topics:
             meta = metadata.topics.get(topic)
@@ -529,8 +542,8 @@ class KafkaBackend:
             return {}, {}
         committed_only = self.reads_committed and not uncommitted
         level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
-        with self._admin_call(what):
-            futures = self.admin.list_offsets(specs, isolation_level=level, request_timeout=self.request_timeout_s)
+        with self._admin_call(what) as admin:
+            futures = admin.list_offsets(specs, isolation_level=level, request_timeout=self.request_timeout_s)
         found: dict[str, int] = {}
         failed: dict[str, KafkaException] = {}
         for tp, future in futures.items():
@@ -542,7 +555,7 @@ class KafkaBackend:
         if any(_error_code(exc) not in _UNKNOWN_PARTITION_CODES for exc in failed.values()) or any(
             offset < 0 and offset != _NO_RECORD_AT_TIME for offset in found.values()
         ):
-            self._admin = None
+            self._drop_admin(admin)
         return found, failed
 
     def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec], what: str) -> dict[str, int]:
@@ -554,8 +567,8 @@ class KafkaBackend:
     def _vanished(self, shards: Sequence[str]) -> set[str]:
         """The shards whose partition no longer exists although its topic does (deleted and recreated with
         fewer partitions). A missing topic is an error, never an empty stream."""
-        with self._admin_call("listing the stream's partitions"):
-            metadata = self.admin.list_topics(timeout=self.request_timeout_s)
+        with self._admin_call("listing the stream's partitions") as admin:
+            metadata = admin.list_topics(timeout=self.request_timeout_s)
         gone = set()
         for shard in shards:
             topic, partition = parse_shard(shard)
@@ -663,11 +676,12 @@ class KafkaBackend:
         through: the user chose to take its offsets over."""
         _check_group(group)
 
-        def describe() -> Any:
-            futures = self.admin.describe_consumer_groups([group], request_timeout=self.request_timeout_s)
-            return futures[group].result()
+        with self._admin_call(f"describing consumer group {group!r}") as admin:
 
-        with self._admin_call(f"describing consumer group {group!r}"):
+            def describe() -> Any:
+                futures = admin.describe_consumer_groups([group], request_timeout=self.request_timeout_s)
+                return futures[group].result()
+
             description = self._while_coordinator_moves(describe)
         members = sorted(str(m.member_id) for m in description.members or [])
         kind = getattr(description.type, "name", str(description.type))

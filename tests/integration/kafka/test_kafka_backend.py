@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient, NewPartitions, OffsetSpec
 
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from dagster_streamgroup.member import GroupMember
@@ -272,3 +272,30 @@ def test_an_admin_client_whose_request_failed_is_replaced(kafka_bootstrap: str, 
     backend.config = KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic])  # the broker is back
     assert backend.shards() == [f"{topic}:0"]
     assert backend._admin is not None
+
+
+def test_a_failed_call_on_one_thread_leaves_another_threads_request_and_the_successor_client(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """The backend is shared by the ticks of a code server's sensors, in threads. A call that fails drops the
+    cached client, but a request another thread has in flight on it still gets its answer (librdkafka fails
+    the requests of a client destroyed under them), and a failure that thread then sees does not drop the
+    client that replaced it. (The failures are raised inside the calls: a broker cannot be made to fail one
+    thread's request and answer another's on the same client.)"""
+    topic = kafka_topics(partitions=2)
+    backend = _backend(kafka_bootstrap, topic)
+    first_thread = pytest.raises(StreamError, match="the first thread's request")
+    with first_thread, backend._admin_call("the first thread's request") as first:
+        futures = first.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()}, request_timeout=10)
+        with (
+            pytest.raises(StreamError, match="the second thread's request"),
+            backend._admin_call("the second thread's request"),
+        ):
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        assert backend._admin is None, "the client whose request failed is kept"
+        assert [f.result().offset for f in futures.values()] == [0]
+        successor = backend.admin
+        assert successor is not first
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))  # the first thread's next request fails too
+    assert backend._admin is successor, "a failure seen through the dropped client dropped its successor"
+    assert backend.shards() == [f"{topic}:0", f"{topic}:1"]
