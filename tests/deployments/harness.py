@@ -275,6 +275,11 @@ def committed_ranges(deployment: str, materializations: Iterable[Mapping[str, An
     return ranges
 
 
+def _described(r: Committed) -> str:
+    """Where a materialization came from: a repair, recorded by a member's sensor, names no run."""
+    return f"[{r.start}, {r.end}) in {r.deployment}, " + (f"run {r.run_id}" if r.run_id else "a repair (no run)")
+
+
 def assert_tiled_once(ranges: Iterable[Committed], lows: Mapping[str, int], highs: Mapping[str, int]) -> None:
     """The ranges of all instances together tile ``[low, high)`` of every shard: no gap, no overlap, and no
     range recorded twice, in one instance or in two."""
@@ -284,11 +289,10 @@ def assert_tiled_once(ranges: Iterable[Committed], lows: Mapping[str, int], high
     assert sorted(by_shard) == sorted(highs), f"shards materialized {sorted(by_shard)}, stream {sorted(highs)}"
     for shard, spans in by_shard.items():
         spans.sort(key=lambda r: (r.start, r.end))
-        position = lows[shard]
+        position, previous = lows[shard], None
         for r in spans:
-            assert r.start == position, (
-                f"{shard}: [{r.start}, {r.end}) in {r.deployment} (run {r.run_id}) follows offset {position}"
-                + (" (committed twice)" if r.start < position else " (a gap)")
+            assert r.start == position, f"{shard}: {_described(r)} follows offset {position}" + (
+                f" (committed twice: {_described(previous)})" if previous and r.start < position else " (a gap)"
             )
-            position = r.end
+            position, previous = r.end, r
         assert position == highs[shard], f"{shard}: covered up to {position}, high watermark {highs[shard]}"

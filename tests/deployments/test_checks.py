@@ -33,8 +33,16 @@ def test_ranges_of_two_instances_tile_every_shard() -> None:
 @pytest.mark.parametrize(
     ("ranges", "message"),
     [
-        # the same range recorded by both instances: committed twice
-        ([r("a", "t:0", 0, 300), r("b", "t:0", 0, 300), r("a", "t:1", 10, 60)], "committed twice"),
+        # the same range recorded by both instances: committed twice, and both are named
+        (
+            [r("a", "t:0", 0, 300), r("b", "t:0", 0, 300), r("a", "t:1", 10, 60)],
+            r"\[0, 300\) in b, run b-t:0-0 follows offset 300 \(committed twice: \[0, 300\) in a, run a-t:0-0\)",
+        ),
+        # a run's own materialization and a member's repair of the same range
+        (
+            [r("a", "t:0", 0, 300), Committed("a", "t:0", 0, 300, "m@a", ""), r("a", "t:1", 10, 60)],
+            r"committed twice: \[0, 300\) in a, (run a-t:0-0|a repair \(no run\))",
+        ),
         # an overlap inside one instance
         ([r("a", "t:0", 0, 200), r("a", "t:0", 150, 300), r("a", "t:1", 10, 60)], "committed twice"),
         ([r("a", "t:0", 0, 100), r("b", "t:0", 120, 300), r("a", "t:1", 10, 60)], "a gap"),
