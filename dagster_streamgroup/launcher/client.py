@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 from dagster_streamgroup.launcher.child import RESTORE_ENV
 from dagster_streamgroup.launcher.fingerprint import Fingerprint
@@ -119,22 +120,46 @@ class ForkServerHandle:
         If ``before_start`` raises, the child exits without touching the run."""
         with self._lock:
             self.channel.send(fork)
-            forked = self._reply()
+            forked = self._answer()
             if isinstance(forked, Refused):
                 raise ForkServerUnavailableError(f"the fork server refused to fork: {forked.reason}")
             if not isinstance(forked, Forked):
-                raise ForkServerUnavailableError(f"the fork server answered {forked.type} to a fork")
+                self._out_of_turn(forked, "a fork")
             try:
                 before_start(forked)
             except BaseException:
                 self.channel.send(Release(pid=forked.pid, start=False))
-                self._reply()
+                released = self._answer()
+                if not isinstance(released, (Released, Refused)):
+                    self._out_of_turn(released, f"the release of child {forked.pid}")
                 raise
             self.channel.send(Release(pid=forked.pid, start=True))
-            released = self._reply()
-            if not isinstance(released, Released):
+            released = self._answer()
+            if isinstance(released, Refused):
                 raise ForkServerUnavailableError(f"the fork server did not release child {forked.pid}: {released}")
+            if not isinstance(released, Released):
+                self._out_of_turn(released, f"the release of child {forked.pid}")
             return forked
+
+    def _answer(self) -> Message:
+        """The server's answer to the request just sent. A server that does not answer in time is closed: its
+        answer could still come, and be taken for the answer to the next request (a run tagged with, and
+        releasing, the child forked for another run). Closing it kills the children it has not released; the
+        pool starts another server for the next run."""
+        try:
+            return self._reply()
+        except ForkServerUnavailableError:
+            self._abandon()
+            raise
+
+    def _out_of_turn(self, message: Message, request: str) -> NoReturn:
+        """An answer that is not one to the request: the requests and answers are out of step; closed, as above."""
+        self._abandon()
+        raise ForkServerUnavailableError(f"the fork server answered {message.type} to {request}")
+
+    def _abandon(self) -> None:
+        self.channel.close()
+        _stop(self.proc)
 
     def collect_exits(self, timeout_s: float = 0.0) -> None:
         """Take in the exit notices the server sent since the last request (waiting up to ``timeout_s`` for

@@ -3,6 +3,7 @@ served by a real code server; runs are launched through the GraphQL mutation the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from dagster._core.events import DagsterEvent
 from dagster._core.launcher import LaunchRunContext
 from dagster_shared.record import copy
 
-from dagster_streamgroup.launcher import process
+from dagster_streamgroup.launcher import client, process
 from dagster_streamgroup.local import procfs
 from tests.launcher.helpers import (
     FINISHED,
@@ -195,6 +196,38 @@ def test_a_dead_fork_server_is_replaced_and_the_reason_logged(deployment: Deploy
     (reason,) = _engine_messages(deployment, second)
     assert f"its fork server (pid {server}) had exited with -9" in reason
     assert deployment.worker(second).via == "fork"
+
+
+def test_a_fork_server_that_answers_too_late_is_closed_and_never_answers_another_run(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopped (SIGSTOP) during a fork answers after the launcher stopped waiting: its answer, read as
+    the answer to the next request, would tag that run with, and release, the child forked for this one. The
+    launcher closes such a server: the run is spawned instead, once, and the next run is forked from a new
+    server."""
+    first = deployment.launch("quick_job")
+    deployment.wait(first, SUCCESS)
+    server = deployment.worker(first).server_pid
+    assert server is not None
+    monkeypatch.setattr(client, "REPLY_TIMEOUT_S", 2.0)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        late = deployment.launch("quick_job")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGCONT)
+    assert deployment.wait(late, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    assert deployment.worker(late).via == "spawn"
+    (reason,) = _engine_messages(deployment, late)
+    assert "did not answer within 2 s" in reason
+    wait_until("the late fork server to be gone", lambda: not procfs.alive([server]), 30)
+    monkeypatch.undo()
+    after = deployment.launch("quick_job")
+    assert deployment.wait(after, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    worker = deployment.worker(after)
+    assert worker.via == "fork" and worker.server_pid not in (None, server)
+    starts = [m for m in deployment.messages(late) if m.startswith("Started process for run")]
+    assert len(starts) == 1, f"the run that the late server was asked for ran {len(starts)} times"
 
 
 def test_a_server_that_cannot_fork_safely_falls_back_to_spawning(tmp_path: Path, location: Path) -> None:
