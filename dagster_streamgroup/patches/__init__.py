@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable, Sequence
 from importlib import metadata
+from typing import Any
 
 VERIFIED_DAGSTER_VERSIONS: frozenset[str] = frozenset({"1.13.27"})
 """The Dagster releases the patches were verified on: the whole suite ran with each (``uv.lock`` pins one;
@@ -74,3 +76,23 @@ def enabled() -> bool:
             ", ".join(PATCHES),
         )
     return False
+
+
+ORIGINAL = "__streamgroup_original__"
+"""The attribute of a replacing method that holds the method it replaced (what the tests and a second install
+look for)."""
+
+
+def wrap_methods(
+    methods: Sequence[tuple[type[Any], str]], wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]
+) -> bool:
+    """Replace each class's own method ``name`` with ``wrap(method, name)``, which sets ``ORIGINAL``; once per
+    process (a method already replaced stays). False, and nothing replaced, when one of them is not a method the
+    class defines itself: Dagster changed, and a patch must not half apply."""
+    current: dict[tuple[type[Any], str], Any] = {(cls, name): cls.__dict__.get(name) for cls, name in methods}
+    if not all(callable(method) for method in current.values()):
+        return False
+    for (cls, name), method in current.items():
+        if getattr(method, ORIGINAL, None) is None:
+            setattr(cls, name, wrap(method, name))
+    return True

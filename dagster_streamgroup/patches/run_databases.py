@@ -114,7 +114,7 @@ def _from_template(initdb: Callable[..., None]) -> Callable[..., None]:
                 return
         initdb(storage, engine, for_index_shard)
 
-    _initdb.__streamgroup_original__ = initdb  # type: ignore[attr-defined]
+    setattr(_initdb, patches.ORIGINAL, initdb)
     return _initdb
 
 
@@ -124,10 +124,4 @@ def install() -> bool:
     if not patches.enabled():
         return False
     storage_class = importlib.import_module(MODULE).SqliteEventLogStorage
-    current = storage_class.__dict__.get("_initdb")
-    if getattr(current, "__streamgroup_original__", None) is not None:
-        return True
-    if not callable(current):
-        return False
-    storage_class._initdb = _from_template(current)
-    return True
+    return patches.wrap_methods([(storage_class, "_initdb")], lambda initdb, _name: _from_template(initdb))

@@ -101,7 +101,7 @@ def _keep_yes(check: Callable[..., bool], name: str) -> Callable[..., bool]:
             known.add(key)
         return result
 
-    answer.__streamgroup_original__ = check  # type: ignore[attr-defined]
+    setattr(answer, patches.ORIGINAL, check)
     return answer
 
 
@@ -111,12 +111,4 @@ def install() -> bool:
     if not patches.enabled():
         return False
     classes = [(target, target.storage_class()) for target in TARGETS]
-    current = {(cls, name): cls.__dict__.get(name) for target, cls in classes for name in target.methods}
-    if all(getattr(method, "__streamgroup_original__", None) is not None for method in current.values()):
-        return True
-    if not all(callable(method) for method in current.values()):
-        return False
-    for (cls, name), method in current.items():
-        if getattr(method, "__streamgroup_original__", None) is None:
-            setattr(cls, name, _keep_yes(method, name))
-    return True
+    return patches.wrap_methods([(cls, name) for target, cls in classes for name in target.methods], _keep_yes)

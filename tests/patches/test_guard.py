@@ -54,10 +54,10 @@ def unverified(monkeypatch: pytest.MonkeyPatch) -> None:
         storage_class = target.storage_class()
         for name in target.methods:
             method = storage_class.__dict__[name]
-            monkeypatch.setattr(storage_class, name, getattr(method, "__streamgroup_original__", method))
+            monkeypatch.setattr(storage_class, name, getattr(method, patches.ORIGINAL, method))
     run_storage = importlib.import_module(run_databases.MODULE).SqliteEventLogStorage
     initdb = run_storage.__dict__["_initdb"]
-    monkeypatch.setattr(run_storage, "_initdb", getattr(initdb, "__streamgroup_original__", initdb))
+    monkeypatch.setattr(run_storage, "_initdb", getattr(initdb, patches.ORIGINAL, initdb))
 
 
 def test_on_another_release_every_patch_stays_off_with_one_warning(
@@ -82,9 +82,9 @@ def test_on_another_release_every_patch_stays_off_with_one_warning(
     for target in schema_checks.TARGETS:
         for name in target.methods:
             method = target.storage_class().__dict__[name]
-            assert not hasattr(method, "__streamgroup_original__"), f"{target.class_name}.{name} is Dagster's own"
+            assert not hasattr(method, patches.ORIGINAL), f"{target.class_name}.{name} is Dagster's own"
     initdb = importlib.import_module(run_databases.MODULE).SqliteEventLogStorage.__dict__["_initdb"]
-    assert not hasattr(initdb, "__streamgroup_original__"), "Dagster builds each run database itself"
+    assert not hasattr(initdb, patches.ORIGINAL), "Dagster builds each run database itself"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert UNVERIFIED in warnings[0] and "1.13.27" in warnings[0] and "stay off" in warnings[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from dagster_streamgroup import patches
 from dagster_streamgroup.patches import run_databases
 from tests.patches import run_database
 
@@ -21,7 +22,7 @@ def dagsters_own(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     copy; monkeypatch puts both back afterwards."""
     storage_class = importlib.import_module(run_databases.MODULE).SqliteEventLogStorage
     initdb = storage_class.__dict__["_initdb"]
-    monkeypatch.setattr(storage_class, "_initdb", getattr(initdb, "__streamgroup_original__", initdb))
+    monkeypatch.setattr(storage_class, "_initdb", getattr(initdb, patches.ORIGINAL, initdb))
     monkeypatch.setattr(run_databases, "KEPT", run_databases.KeptCopy())
     yield
 

@@ -24,6 +24,7 @@ from dagster._core.scheduler.instigation import (
 from dagster._core.storage.schedules.sql_schedule_storage import SqlScheduleStorage
 from sqlalchemy.engine import Engine
 
+from dagster_streamgroup import patches
 from dagster_streamgroup.patches import schema_checks
 
 
@@ -35,8 +36,8 @@ def installed() -> Iterator[None]:
         assert schema_checks.install() and schema_checks.install(), "installing twice is harmless"
         for cls, name, _method in before:
             wrapped = cls.__dict__[name]
-            assert getattr(wrapped, "__streamgroup_original__", None) is not None, f"{cls.__name__}.{name} missing"
-            assert getattr(wrapped.__streamgroup_original__, "__streamgroup_original__", None) is None, "wrapped once"
+            assert getattr(wrapped, patches.ORIGINAL, None) is not None, f"{cls.__name__}.{name} missing"
+            assert getattr(getattr(wrapped, patches.ORIGINAL), patches.ORIGINAL, None) is None, "wrapped once"
         yield
     finally:
         for cls, name, method in before:
