@@ -45,6 +45,16 @@ class ForkServerUnavailableError(Exception):
         """The files a failed preload had loaded: a change to one of them is worth another try."""
 
 
+class StartUnconfirmedError(Exception):
+    """The child was told to start the run, and the server did not confirm it (it did not answer, or ended):
+    the run may be running in that child. It is never started a second time (both would run it, and a range
+    commit it could make twice); run monitoring fails it if it did not start."""
+
+    def __init__(self, forked: Forked, reason: str) -> None:
+        super().__init__(reason)
+        self.forked = forked
+
+
 def server_environment(executable: str, base: Mapping[str, str]) -> dict[str, str]:
     """The code server's environment for ``executable`` (its venv's bin first on PATH, as Dagster does),
     plus what the fork server alone needs."""
@@ -133,12 +143,15 @@ class ForkServerHandle:
                 if not isinstance(released, (Released, Refused)):
                     self._out_of_turn(released, f"the release of child {forked.pid}")
                 raise
-            self.channel.send(Release(pid=forked.pid, start=True))
-            released = self._answer()
-            if isinstance(released, Refused):
+            try:
+                self.channel.send(Release(pid=forked.pid, start=True))
+                released = self._answer()
+                if not isinstance(released, (Released, Refused)):
+                    self._out_of_turn(released, f"the release of child {forked.pid}")
+            except (ChannelClosedError, ForkServerUnavailableError) as exc:
+                raise StartUnconfirmedError(forked, str(exc) or type(exc).__name__) from exc
+            if isinstance(released, Refused):  # its child is gone: the go-ahead was never given
                 raise ForkServerUnavailableError(f"the fork server did not release child {forked.pid}: {released}")
-            if not isinstance(released, Released):
-                self._out_of_turn(released, f"the release of child {forked.pid}")
             return forked
 
     def _answer(self) -> Message:

@@ -35,7 +35,7 @@ from dagster._serdes.config_class import ConfigurableClassData
 
 from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED
 from dagster_streamgroup.launcher import process
-from dagster_streamgroup.launcher.client import ForkServerUnavailableError
+from dagster_streamgroup.launcher.client import ForkServerUnavailableError, StartUnconfirmedError
 from dagster_streamgroup.launcher.pool import Lease, ServerPool
 from dagster_streamgroup.launcher.protocol import ChannelClosedError, Fork, Forked
 from dagster_streamgroup.launcher.settings import LauncherSettings
@@ -101,6 +101,15 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
                 lease = self._fork(run, args, location, _code_server_id(context.workspace, location))
             except ForkServerUnavailableError as exc:
                 self._spawn(run, args, f"the fork server of code location {location!r} cannot serve: {exc}")
+            except StartUnconfirmedError as exc:
+                self._instance.report_engine_event(
+                    f"The fork server of code location {location!r} was asked to start the run in its child "
+                    f"(pid {exc.forked.pid}) and did not confirm it ({exc}). The run is not started again "
+                    "elsewhere, so that it never runs twice; if the child did not start it, run monitoring fails "
+                    "it (start_timeout_seconds), and its member retries its ranges.",
+                    run,
+                    cls=self.__class__,
+                )
             else:
                 if lease.replaced_because:
                     self._instance.report_engine_event(

@@ -11,6 +11,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -18,7 +19,7 @@ from dagster._core.events import DagsterEvent
 from dagster._core.launcher import LaunchRunContext
 from dagster_shared.record import copy
 
-from dagster_streamgroup.launcher import client, process
+from dagster_streamgroup.launcher import ForkServerRunLauncher, client, process
 from dagster_streamgroup.local import procfs
 from tests.launcher.helpers import (
     FINISHED,
@@ -228,6 +229,44 @@ def test_a_fork_server_that_answers_too_late_is_closed_and_never_answers_another
     assert worker.via == "fork" and worker.server_pid not in (None, server)
     starts = [m for m in deployment.messages(late) if m.startswith("Started process for run")]
     assert len(starts) == 1, f"the run that the late server was asked for ran {len(starts)} times"
+
+
+def test_a_start_the_server_did_not_confirm_is_never_started_a_second_time(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the child has been told to start, a server that does not confirm it (stopped here right after the
+    run was tagged, before it reads the go-ahead; the launcher cannot be made to lose an answer otherwise, so
+    the stop is injected at the tag) leaves the run to that child: spawning another worker could run it twice.
+    The child, whose server is closed before it passed the go-ahead on, exits without running it."""
+    first = deployment.launch("quick_job")
+    deployment.wait(first, SUCCESS)
+    server = deployment.worker(first).server_pid
+    assert server is not None
+    monkeypatch.setattr(client, "REPLY_TIMEOUT_S", 2.0)
+    tag = ForkServerRunLauncher._tag_forked
+
+    def tag_then_stop(launcher: ForkServerRunLauncher, run: dg.DagsterRun, forked: Any, server_pid: int) -> None:
+        tag(launcher, run, forked, server_pid)
+        os.kill(server_pid, signal.SIGSTOP)
+
+    monkeypatch.setattr(ForkServerRunLauncher, "_tag_forked", tag_then_stop)
+    try:
+        unconfirmed = deployment.launch("quick_job")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGCONT)
+    monkeypatch.undo()
+    worker = deployment.worker(unconfirmed)
+    assert worker.via == "fork" and worker.server_pid == server
+    (reason,) = _engine_messages(deployment, unconfirmed)
+    assert "did not confirm it" in reason and "not started again" in reason
+    wait_until("the unconfirmed child to exit", lambda: not procfs.alive([worker.pid, server]), 30)
+    messages = deployment.messages(unconfirmed)
+    assert not any(m.startswith("Started process for run") for m in messages), messages
+    assert deployment.run(unconfirmed).status == dg.DagsterRunStatus.STARTING  # run monitoring fails it
+    after = deployment.launch("quick_job")
+    assert deployment.wait(after, FINISHED).status == dg.DagsterRunStatus.SUCCESS
+    assert deployment.worker(after).server_pid not in (None, server)
 
 
 def test_a_server_that_cannot_fork_safely_falls_back_to_spawning(tmp_path: Path, location: Path) -> None:
