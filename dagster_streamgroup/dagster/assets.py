@@ -41,6 +41,7 @@ from dagster_streamgroup.dagster.checks import (
     parked_check_result,
 )
 from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
+from dagster_streamgroup.dagster.recorded import materialized_for
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
 from dagster_streamgroup.member import ContentionError, GroupMember
 from dagster_streamgroup.protocol import GroupState, Launch, RangeReport, report_of
@@ -297,6 +298,7 @@ def run_ranges(
             if wave == 0:  # a later wave holds shards of the first (a run carries on only with its own)
                 _ensure_partitions(context, [r.shard for r in ranges])
             materializations = _materializations(config, resource, asset_key, last, wave, processed, committed)
+            materializations = _not_recorded_yet(context, asset_key, config, last, committed, materializations)
             if committed.launches:
                 ranges, reports = carry_on(committed.launches)
                 next_wave = _read_ahead(functools.partial(process, ranges, reports))
@@ -348,6 +350,8 @@ class _CommittedWave:
     mirrored: bool
     carrying: bool
     launches: list[Launch]
+    already_committed: frozenset[str] = frozenset()
+    """Shards whose range the group found committed by this run already (see ``_not_recorded_yet``)."""
 
 
 def _read_ahead(work: Callable[[], _ProcessedWave]) -> Future[_ProcessedWave]:
@@ -421,6 +425,7 @@ def _commit(
     marks = _watermarks(resource, shards) if carrying else {}
     carrying = carrying and bool(marks)
     launches: list[Launch] = []
+    already: frozenset[str] = frozenset()
     if member is not None and reports:
         if carrying:
             outcome, stats, launches = member.commit_run_and_carry_on(reports, marks)
@@ -435,7 +440,8 @@ def _commit(
                     "refusals": "; ".join(f"{s}: {o.refusal}" for s, o in sorted(refusals.items())),
                 },
             )
-        fresh = {r.shard: r.end for r in reports if not outcome.outcomes[r.shard].already_committed}
+        already = frozenset(r.shard for r in reports if outcome.outcomes[r.shard].already_committed)
+        fresh = {r.shard: r.end for r in reports if r.shard not in already}
         if fresh:
             try:
                 resource.backend().commit(resource.group, fresh)
@@ -446,7 +452,7 @@ def _commit(
         state = stats.state
     if not marks:
         marks = _watermarks(resource, shards)
-    return _CommittedWave(marks, state, mirrored, carrying, launches)
+    return _CommittedWave(marks, state, mirrored, carrying, launches, already)
 
 
 def _materializations(
@@ -495,6 +501,37 @@ def _materializations(
         metadata.update(processed.user_metadata)
         out.append(dg.AssetMaterialization(asset_key=asset_key, partition=spec.shard, metadata=metadata))
     return out
+
+
+def _not_recorded_yet(
+    context: dg.AssetExecutionContext,
+    asset_key: dg.AssetKey,
+    config: sgt.StreamRunConfig,
+    ranges: Sequence[sgt.RangeSpec],
+    committed: _CommittedWave,
+    materializations: list[dg.AssetMaterialization],
+) -> list[dg.AssetMaterialization]:
+    """The wave's materializations less those of ranges recorded already. The group accepts a commit of this
+    run's key again as made (a write whose answer was lost is retried, and finds it made), and so it does for a
+    second execution of the same run (two workers of one run, a copy of the run); a range is recorded once, so one
+    whose commit was found made and whose materialization Dagster holds (``recorded.materialized_for``) is not
+    recorded again. The group found the range to be its shard's last commit, so its record, if there is one, is
+    among the shard's newest: one page of them is looked at."""
+    if not committed.already_committed or config.run_key is None:
+        return materializations
+    kept = []
+    for spec, materialization in zip(ranges, materializations, strict=True):
+        shard_range = (spec.shard, spec.start, spec.end)
+        if spec.shard in committed.already_committed and materialized_for(
+            context.instance, asset_key, config.run_key, shard_range, pages=1
+        ):
+            context.log.warning(
+                f"{spec.shard} [{spec.start}, {spec.end}) was committed and recorded already, by another execution "
+                f"of run {config.run_key}: it is not recorded again"
+            )
+            continue
+        kept.append(materialization)
+    return kept
 
 
 def _records_wait(ranges: Sequence[sgt.RangeSpec], marks: Mapping[str, Watermarks]) -> bool:

@@ -32,6 +32,7 @@ from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster import tick_context
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, lag_check_evaluation, parked_check_evaluation
+from dagster_streamgroup.dagster.recorded import materialized_for
 from dagster_streamgroup.dagster.resources import (
     DAEMON_LOOP_S,
     TICK_WAIT_MARGIN_S,
@@ -605,7 +606,7 @@ def _unrecorded_commits(
             r
             for r in entry.ranges
             if (r[0], r[1]) not in recorded
-            and not _materialized_for(instance, target.asset.key, key, r, since=record.create_timestamp.timestamp())
+            and not materialized_for(instance, target.asset.key, key, r, since=record.create_timestamp.timestamp())
         ]
         if not missing:
             confirmed.append(key)
@@ -636,9 +637,6 @@ def _unrecorded_commits(
     return repairs, confirmed, tuple(repaired_now)
 
 
-REPAIR_LOOKUP_PAGE = 100
-
-
 def _recorded_ranges(instance: dg.DagsterInstance, run_id: str) -> set[tuple[str, int | None]]:
     """(shard, start) of each range the run recorded a materialization of: a run that carried on recorded several
     ranges of one shard, so the shard alone does not say which."""
@@ -650,30 +648,6 @@ def _recorded_ranges(instance: dg.DagsterInstance, run_id: str) -> set[tuple[str
         start = materialization.metadata.get("start")
         recorded.add((materialization.partition, start.value if isinstance(start, dg.IntMetadataValue) else None))
     return recorded
-
-
-def _materialized_for(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, run_key: str, shard_range: tuple[str, int, int], since: float
-) -> bool:
-    """Whether a materialization of ``shard_range``'s partition since ``since`` (the run's creation) names
-    ``run_key`` and the range's start: the run's own, or a repair recorded by any member. Paged, newest first;
-    it runs only for the ranges of runs that died unrecorded."""
-    shard, start, _end = shard_range
-    records_filter = dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[shard], after_timestamp=since)
-    cursor: str | None = None
-    while True:
-        page = instance.fetch_materializations(records_filter, limit=REPAIR_LOOKUP_PAGE, cursor=cursor)
-        for event_record in page.records:
-            materialization = event_record.asset_materialization
-            if materialization is None:
-                continue
-            metadata = materialization.metadata
-            key, first = metadata.get("run_key"), metadata.get("start")
-            if key is not None and key.value == run_key and first is not None and first.value == start:
-                return True
-        if not page.has_more:
-            return False
-        cursor = page.cursor
 
 
 def _mirror_repaired(

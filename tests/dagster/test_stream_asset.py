@@ -145,6 +145,36 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
         assert not bare.success
 
 
+def test_a_second_execution_of_a_run_does_not_record_its_ranges_again(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
+) -> None:
+    """A run executed twice (two workers of one run; here two Dagster runs of one request, the same key, member
+    and epoch) commits once: the group accepts the second commit as made, and the second execution finds the
+    range recorded and does not record it again."""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 200)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    seen: list[tuple[str, int, int, int]] = []
+    asset = counting_asset(group, seen)
+    shard = f"{topic}:0"
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        request = driver.request()
+        first = run(asset, instance, resource, spark, request)
+        second = run(asset, instance, resource, spark, request)
+        assert first.success and second.success
+        assert [s[0] for s in seen] == [shard, shard], "both executions read the range"
+        assert sorted(materializations(first)) == [shard]
+        assert materializations(second) == {}, "the range is recorded twice"
+        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset.key), limit=10).records
+        assert len(records) == 1
+        warnings = [r.user_message for r in instance.all_logs(second.run_id) if "recorded already" in r.user_message]
+        assert len(warnings) == 1 and shard in warnings[0]
+        state = resource.member("reader").load()
+        assert state is not None and state.shards[shard].committed == materializations(first)[shard]["end"]
+
+
 def test_a_run_carries_on_with_its_shards_next_ranges_in_waves(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, spark: StreamSparkResource
 ) -> None:
