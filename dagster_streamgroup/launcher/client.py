@@ -138,21 +138,23 @@ class ForkServerHandle:
             try:
                 before_start(forked)
             except BaseException:
-                self.channel.send(Release(pid=forked.pid, start=False))
-                released = self._answer()
-                if not isinstance(released, (Released, Refused)):
-                    self._out_of_turn(released, f"the release of child {forked.pid}")
+                self._release(forked.pid, start=False)
                 raise
             try:
-                self.channel.send(Release(pid=forked.pid, start=True))
-                released = self._answer()
-                if not isinstance(released, (Released, Refused)):
-                    self._out_of_turn(released, f"the release of child {forked.pid}")
+                released = self._release(forked.pid, start=True)
             except (ChannelClosedError, ForkServerUnavailableError) as exc:
                 raise StartUnconfirmedError(forked, str(exc) or type(exc).__name__) from exc
             if isinstance(released, Refused):  # its child is gone: the go-ahead was never given
                 raise ForkServerUnavailableError(f"the fork server did not release child {forked.pid}: {released}")
             return forked
+
+    def _release(self, pid: int, *, start: bool) -> Released | Refused:
+        """Tell the server to let child ``pid`` start its run (or exit without it); its answer."""
+        self.channel.send(Release(pid=pid, start=start))
+        answer = self._answer()
+        if not isinstance(answer, (Released, Refused)):
+            self._out_of_turn(answer, f"the release of child {pid}")
+        return answer
 
     def _answer(self) -> Message:
         """The server's answer to the request just sent. A server that does not answer in time is closed: its
