@@ -13,7 +13,8 @@ functions and objects it touches, about 40 MB of a stream run) is copied into a 
 a tenth of a second of system CPU a run on a 2-core host, while a child that ran a run already owns those
 pages. It takes the next run only after a run that ended in SUCCESS with no thread of its own left running,
 as a new process would start it: the same command, the same go-ahead after the run is tagged with this
-worker.
+worker, and none of the store and stream clients its earlier runs opened (each run connects anew, so it
+sees a password or key rotated since, and an idle worker holds no connection).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def run(channel_fd: int, execute_run_args: str, inherited_fds: Iterable[int], ru
             code = execute_run(execute_run_args)
             if ran >= runs_per_worker or code != 0 or not may_run_another(execute_run_args):
                 break
+            release_run_clients()
             next_args = next_run(channel, reader)
             if next_args is None:  # the server let it go (idle too long, or the server exited)
                 break
@@ -88,6 +90,15 @@ def may_run_another(execute_run_args: str) -> bool:
     except Exception:  # the run's storage cannot say: the worker exits, as after any run
         return False
     return run is not None and run.status == DagsterRunStatus.SUCCESS
+
+
+def release_run_clients() -> None:
+    """Close the store and stream clients the group resources cache per process: a code server's cache lets
+    its ticks share connections, but a run in a worker must connect as a run in a new process does, with the
+    credentials of its own start (a store password rotated since a worker's first run must refuse the next)."""
+    from dagster_streamgroup.dagster.resources import release_cached_clients
+
+    release_cached_clients()
 
 
 _instance_kept: list[tuple[bytes, Any]] = []

@@ -67,6 +67,20 @@ def test_a_worker_whose_run_succeeded_runs_the_next_runs_up_to_its_limit(reusing
     assert len(randoms) == 4
 
 
+def test_a_reused_workers_run_opens_its_store_anew(reusing: Deployment, tmp_path: Path) -> None:
+    """The group resources keep one store client per process; a worker's next run must not find its earlier
+    run's, or it would reach the store on connections made with credentials rotated since."""
+    tags = {"store_url": f"sqlite:///{tmp_path / 'state.db'}"}
+    run_ids = []
+    for _ in range(2):
+        run_ids.append(reusing.launch("store_job", tags))
+        reusing.wait(run_ids[-1], SUCCESS)
+    first, second = (reusing.worker(run_id) for run_id in run_ids)
+    assert first.pid == second.pid and second.runs_before == 1, "the second run ran in the first one's worker"
+    facts = [reusing.materialization(run_id) for run_id in run_ids]
+    assert [f["cached_before"] for f in facts] == [0, 0]
+
+
 def test_a_canceled_run_in_a_reused_worker_ends_it(reusing: Deployment, tmp_path: Path) -> None:
     """A run in a reused worker is checked and stopped from any process as in a new one; a worker whose run
     did not succeed exits instead of taking the next run."""

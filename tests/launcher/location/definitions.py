@@ -71,6 +71,22 @@ def _wait_for_release(context: dg.AssetExecutionContext) -> dg.MaterializeResult
     return dg.MaterializeResult(metadata=facts)
 
 
+@dg.asset
+def opens_store(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """Opens the state store named by the run's ``store_url`` tag through a group resource, as a stream run
+    does, and reports how many store and stream clients the process had cached before."""
+    from dagster_streamgroup.dagster import resources
+
+    cached_before = len(resources._stores) + len(resources._backends)
+    group = resources.KafkaStreamGroup(
+        group="reuse", bootstrap_servers="127.0.0.1:9", topics=["t"], store_url=context.run.tags["store_url"]
+    )
+    store = group.store()
+    return dg.MaterializeResult(
+        metadata={**_facts(), "cached_before": dg.MetadataValue.int(cached_before), "store": str(id(store))}
+    )
+
+
 TEST_POOL = "streamgroup-test-pool"
 
 
@@ -86,10 +102,11 @@ def pooled_waits(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 
 
 defs = dg.Definitions(
-    assets=[quick, waits, pooled_quick, pooled_waits],
+    assets=[quick, waits, opens_store, pooled_quick, pooled_waits],
     jobs=[
         dg.define_asset_job("quick_job", [quick]),
         dg.define_asset_job("wait_job", [waits]),
+        dg.define_asset_job("store_job", [opens_store]),
         dg.define_asset_job("pooled_quick_job", [pooled_quick]),
         dg.define_asset_job("pooled_wait_job", [pooled_waits]),
     ],
