@@ -39,6 +39,7 @@ from dagster_streamgroup.dagster.resources import (
     StreamGroupConfigError,
     StreamGroupResource,
 )
+from dagster_streamgroup.launcher.worker import RunWorker
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
@@ -601,6 +602,8 @@ def _unrecorded_commits(
         if key in repaired:
             confirmed.append(key)
             continue
+        if _may_still_record(run):
+            continue  # looked at again next tick, once its worker is gone
         recorded = _recorded_ranges(instance, run.run_id)
         missing = [
             r
@@ -635,6 +638,17 @@ def _unrecorded_commits(
                 )
             )
     return repairs, confirmed, tuple(repaired_now)
+
+
+def _may_still_record(run: dg.DagsterRun) -> bool:
+    """A run marked FAILURE or CANCELED while its process runs on (a forced termination, run monitoring giving
+    up on it) may still commit and record its ranges: repaired now, such a range would be recorded twice. Its
+    worker, when its tag names one this host can see, says whether it is gone. A SUCCESS run recorded its
+    ranges before it ended (and its worker may be running the next run by then)."""
+    if run.status == dg.DagsterRunStatus.SUCCESS:
+        return False
+    worker = RunWorker.from_tags(run.tags)
+    return worker is not None and worker.still_running_here()
 
 
 def _recorded_ranges(instance: dg.DagsterInstance, run_id: str) -> set[tuple[str, int | None]]:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from dagster_streamgroup.launcher import process
+
 WORKER_TAG = "streamgroup/run_worker"
 """JSON of ``RunWorker``, written before the worker is allowed to start the run (as Dagster's Docker launcher
 tags the container before starting it): run monitoring never sees a started run without it."""
@@ -29,6 +31,13 @@ class RunWorker(BaseModel):
 
     def tag(self) -> dict[str, str]:
         return {WORKER_TAG: self.model_dump_json(exclude_none=True)}
+
+    def still_running_here(self) -> bool:
+        """Whether this worker is known to be running: on this host, since its boot, with its PID still the
+        process that started then. From another host (or after a reboot) it cannot be known: False."""
+        if self.host != process.hostname() or self.boot_id != process.boot_id():
+            return False
+        return process.state(self.pid, self.start_ticks) is process.ProcessState.RUNNING
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> RunWorker | None:

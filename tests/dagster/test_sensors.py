@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, tick_context
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
+from dagster_streamgroup.launcher import process
+from dagster_streamgroup.launcher.worker import RunWorker
 from dagster_streamgroup.local.kafka_data import produce_sample
 from tests.dagster.helpers import (
     SensorDriver,
@@ -348,6 +351,52 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         assert state is not None and set(state.unrecorded_runs) == {following[0].run_key}, (
             "the repaired run is confirmed; the run whose record Dagster does not hold yet stays"
         )
+
+
+def test_a_run_marked_ended_while_its_worker_runs_on_is_repaired_only_once_the_worker_is_gone(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """A run marked CANCELED while its process runs on (a forced termination) may still record the range it
+    committed: the member leaves it alone while the worker its tag names is running, and repairs it once that
+    process is gone. The worker here is a real process that stands for the run's (a ``sleep``)."""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 100)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    sensor = sensors_for(counting_asset(group, []), members=1)[0]
+    with dg.instance_for_test() as instance, subprocess.Popen(["sleep", "300"]) as worker_process:
+        driver = SensorDriver(sensor, instance, resource)
+        request = driver.request()
+        assert request.tags is not None
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), [f"{topic}:0"])
+        launches = resource.member(driver.member_id).tick().inflight
+        committed, _ = resource.member(driver.member_id).commit_run_state_only(
+            [protocol.report_of(x) for x in launches]
+        )
+        assert committed.accepted
+        started = process.start_ticks(worker_process.pid)
+        assert started is not None
+        worker = RunWorker(
+            host=process.hostname(), boot_id=process.boot_id(), pid=worker_process.pid, start_ticks=started, via="spawn"
+        )
+        create_run_for_test(
+            instance,
+            status=dg.DagsterRunStatus.CANCELED,
+            tags={**request.tags, "dagster/run_key": request.run_key or "", **worker.tag()},
+        )
+        for _ in range(2):
+            result = driver.tick()
+            assert not [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)], "not yet"
+            state = resource.member(driver.member_id).load()
+            assert state is not None and set(state.unrecorded_runs) == {launches[0].run_key}
+        worker_process.kill()
+        worker_process.wait()
+        result = driver.tick()
+        repaired = [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
+        assert [(e.partition, e.metadata["start"].value, e.metadata["end"].value) for e in repaired] == [
+            (f"{topic}:0", 0, 101)
+        ]
+        assert not result.run_requests, "a committed range is not run again"
 
 
 def test_a_run_that_carried_on_and_died_has_only_its_unrecorded_waves_recorded_by_the_member(

@@ -44,6 +44,18 @@ def test_worker_tag_round_trip_and_unreadable_tags() -> None:
     assert RunWorker.from_tags({WORKER_TAG: "not json"}) is None
 
 
+def test_a_worker_is_known_running_only_on_its_own_host_and_boot() -> None:
+    started = process.start_ticks(os.getpid())
+    assert started is not None
+    here = RunWorker(
+        host=process.hostname(), boot_id=process.boot_id(), pid=os.getpid(), start_ticks=started, via="spawn"
+    )
+    assert here.still_running_here()
+    assert not here.model_copy(update={"start_ticks": started + 1}).still_running_here(), "another process"
+    assert not here.model_copy(update={"host": "elsewhere"}).still_running_here(), "cannot be known"
+    assert not here.model_copy(update={"boot_id": "before-a-reboot"}).still_running_here()
+
+
 def test_process_identity_tells_a_reused_pid_apart() -> None:
     me = os.getpid()
     started = process.start_ticks(me)
