@@ -673,8 +673,22 @@ class KafkaBackend:
         members, classic or KIP-848 protocol) or own (a protocol type: its consumers are stopped and its offsets
         are theirs), as the v3io-go guard refuses a Nuclio group. Our own mirror commits from assign-only
         consumers, which leave a group with no protocol type. ``adopt_group_offsets`` lets an owned, empty group
-        through: the user chose to take its offsets over."""
+        through: the user chose to take its offsets over.
+
+        The group is looked up in the cluster's group list first (ListGroups, asked of every broker), and only a
+        group some application's consumers made (not our mirror's assign-only one) is described: librdkafka
+        (2.16 and earlier) aborts the process when a DescribeGroups request times out while its coordinator
+        lookup is still in flight (librdkafka#4605), as it does while a restarted broker comes back, and a
+        code server's every member tick asks."""
         _check_group(group)
+
+        with self._admin_call(f"listing the consumer groups (looking for {group!r})") as admin:
+            listed = admin.list_consumer_groups(request_timeout=self.request_timeout_s).result()
+        if listed.errors:
+            raise StreamError(f"listing the consumer groups (looking for {group!r}): {listed.errors[0]}")
+        listing = next((g for g in listed.valid or [] if g.group_id == group), None)
+        if listing is None or listing.is_simple_consumer_group:
+            return  # no such group yet, or the group our mirror's assign-only consumers leave
 
         with self._admin_call(f"describing consumer group {group!r}") as admin:
 

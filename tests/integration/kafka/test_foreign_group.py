@@ -107,3 +107,36 @@ def _describe(bootstrap: str, group: str):  # type: ignore[no-untyped-def]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     return admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+
+
+def test_only_a_group_another_application_made_is_described(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DescribeGroups request that times out while its coordinator lookup is in flight aborts the process in
+    librdkafka 2.16 (librdkafka#4605; a restarted broker shows it, not on demand): a group that does not exist yet,
+    and the assign-only group our mirror leaves, are told apart from the cluster's group list alone. A spy on
+    the admin client counts the describes, since the abort itself cannot be made to happen."""
+    from confluent_kafka.admin import AdminClient
+
+    described: list[list[str]] = []
+    original = AdminClient.describe_consumer_groups
+
+    def spy(self: AdminClient, group_ids: list[str], **kwargs: object) -> object:
+        described.append(list(group_ids))
+        return original(self, group_ids, **kwargs)
+
+    monkeypatch.setattr(AdminClient, "describe_consumer_groups", spy)
+    topic = kafka_topics(1)
+    produce_sample(kafka_bootstrap, topic, 1, 100)
+    backend = kafka_backend(kafka_bootstrap, topic)
+    ours = unique_name("ours")
+    backend.check_group(ours)  # no such group yet
+    backend.commit(ours, {f"{topic}:0": 10})
+    backend.check_group(ours)  # our mirror's
+    assert described == []
+    owned = unique_name("owned")
+    with subscribed(kafka_bootstrap, owned, topic, "classic") as other:
+        other.commit(offsets=[TopicPartition(topic, 0, 40)], asynchronous=False)
+    with pytest.raises(ForeignGroupError, match="adopt_group_offsets"):
+        backend.check_group(owned)
+    assert described == [[owned]]
