@@ -683,10 +683,15 @@ class KafkaBackend:
         _check_group(group)
 
         with self._admin_call(f"listing the consumer groups (looking for {group!r})") as admin:
-            listed = admin.list_consumer_groups(request_timeout=self.request_timeout_s).result()
-        if listed.errors:
-            raise StreamError(f"listing the consumer groups (looking for {group!r}): {listed.errors[0]}")
-        listing = next((g for g in listed.valid or [] if g.group_id == group), None)
+
+            def listed() -> list[Any]:
+                result = admin.list_consumer_groups(request_timeout=self.request_timeout_s).result()
+                for error in result.errors or []:  # a broker that could not answer may hold the group
+                    raise error if isinstance(error, KafkaException) else KafkaException(error)
+                return list(result.valid or [])
+
+            groups = self._while_coordinator_moves(listed)
+        listing = next((g for g in groups if g.group_id == group), None)
         if listing is None or listing.is_simple_consumer_group:
             return  # no such group yet, or the group our mirror's assign-only consumers leave
 
