@@ -47,7 +47,10 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
    all their runs, ``runs`` the most any drain took; each drain's figures are in ``standing_starts`` (a drain
    has a few runs, and the same code's runs spread from one drain to the next by more than most changes);
    ``run_cpu_s_outside_spark_over_idle``, for the breakdown only, is that median with each run's share of the
-   idle deployment's CPU over its drain's window taken off (``idle_share_per_run_s_each``);
+   idle deployment's CPU over its drain's window taken off (``idle_share_per_run_s_each``); the same shared
+   parts are read while the backlog is produced, the member sensors stopped and no run
+   (``deployment_sensors_stopped`` in each drain's figures), and ``sensors_stopped_share_per_run_s_each`` is
+   that rate over each drain's window per run: what Dagster's processes cost a run with no member ticking;
 5. **the peer** (``--no-peer`` skips it): Spark Structured Streaming's Kafka source running the example's
    function (``bench.peer_spark_streaming``: ``foreachBatch`` over ``spark.readStream.format("kafka")``,
    read_committed, a classic ``local[2]`` session in a process of its own, its own checkpoint and output)
@@ -227,6 +230,8 @@ class Backlog:
     connect_cpu_s: float | None
     window_s: float
     """From the sensors' start until the last reading of the runs' processes (after they exited)."""
+    sensors_stopped_per_s: float
+    """The shared parts' CPU a second while the backlog was produced: the sensors stopped, no run."""
 
 
 STOP_ATTEMPTS = 3
@@ -279,14 +284,19 @@ def standing_start(
     # A tick begun before the stop may have launched runs: they end before the backlog arrives.
     finished(example, warm_sampler, warm_wall, warm_boot, time.time(), args.timeout)
     warm_sampler.stop()
-    quiet_wall = time.time()
+    quiet_wall, quiet_boot = time.time(), process_cpu.uptime_s()
+    quiet_sampler = process_cpu.TreeSampler(example.pid, args.cpu_interval).start()
     starts = example.highs()
     produce_started = time.perf_counter()
     produce(args.records)
     highs = example.highs()
     produce_s = time.perf_counter() - produce_started
+    quiet_sampler.stop()
+    quiet = process_cpu.run_cpu_figures(quiet_sampler.snapshot(), quiet_boot, [])
+    stopped = IdleFloor(time.perf_counter() - produce_started, quiet.code_server_s, quiet.daemon_s, quiet.fork_server_s)
     produced = sum(highs.values()) - sum(starts.values())
     print(f"{produced} records produced in {produce_s:.1f} s, sensors stopped", flush=True)
+    print(f"the deployment meanwhile, its member sensors stopped: {stopped.figures()}", flush=True)
 
     roots = {**cpu_roots, "dagster_dev": example.pid}
     window_wall, window_boot = time.time(), process_cpu.uptime_s()
@@ -336,6 +346,7 @@ def standing_start(
         "drain_s": round(drain_s, 2),
         "window_s": round(window_s, 2),
         "produce_s": round(produce_s, 2),
+        "deployment_sensors_stopped": stopped.figures(),
         "pause_s": round(pause_s, 2),
         "runs_during_pause": len(paused_runs),
         "stop_attempts": stop_attempts,
@@ -351,7 +362,9 @@ def standing_start(
         "run_worker": {"via": run_cpu.via, "sampled": run_cpu.workers_sampled},
         "run_cpu": run_cpu_json(run_cpu),
     }
-    return Backlog(starts, highs, figures, list(run_cpu.per_run_outside_spark_s), launches, connect_s, window_s)
+    return Backlog(
+        starts, highs, figures, list(run_cpu.per_run_outside_spark_s), launches, connect_s, window_s, stopped.per_s
+    )
 
 
 @dataclass(frozen=True)
@@ -405,13 +418,19 @@ def over_drains(backlogs: Sequence[Backlog], idle: IdleFloor | None) -> dict[str
     drain took, ``spark_connect_server_cpu_s_per_run`` the Connect server's CPU over all of them per run. Each
     drain's own figures are in ``standing_starts``. With ``idle``: ``run_cpu_s_outside_spark_over_idle``, the
     same median after each run's share of the idle deployment's CPU over its drain's window is taken off (for
-    the breakdown only: the target is on the whole figure)."""
+    the breakdown only: the target is on the whole figure). ``sensors_stopped_share_per_run_s_each``: each
+    drain's run share of what the same processes cost with the member sensors stopped (read while its backlog
+    was produced)."""
     runs = sum(b.figures["runs"] for b in backlogs)
     connect = [b.connect_cpu_s for b in backlogs]
-    over_idle: dict[str, Any] = {}
+    over_idle: dict[str, Any] = {
+        "sensors_stopped_share_per_run_s_each": [
+            round(b.sensors_stopped_per_s * b.window_s / len(b.run_cpu_s), 3) if b.run_cpu_s else 0.0 for b in backlogs
+        ]
+    }
     if idle is not None:
         shares = [idle.per_s * b.window_s / len(b.run_cpu_s) if b.run_cpu_s else 0.0 for b in backlogs]
-        over_idle = {
+        over_idle |= {
             "idle_deployment": idle.figures(),
             "idle_share_per_run_s_each": [round(share, 3) for share in shares],
             "run_cpu_s_outside_spark_over_idle": rounded(
@@ -641,6 +660,12 @@ def print_targets(result: dict[str, Any], members: int) -> None:
         print(
             f"  (of run_cpu_s_outside_spark, the idle deployment's share: {result['idle_share_per_run_s_each']} s "
             f"a run; above idle: {result['run_cpu_s_outside_spark_over_idle']} s)",
+            flush=True,
+        )
+    if "sensors_stopped_share_per_run_s_each" in result:
+        print(
+            f"  (of it, the same processes with the member sensors stopped: "
+            f"{result['sensors_stopped_share_per_run_s_each']} s a run)",
             flush=True,
         )
     if "ratio_single_job_overlapped" in result:
