@@ -313,9 +313,15 @@ def _load(request: Preload) -> tuple[list[str], list[str]]:
     from dagster._serdes import deserialize_value
     from dagster._utils.hosted_user_process import recon_repository_from_origin
 
+    from dagster_streamgroup.launcher.workdir import code_directory
+
     origin = deserialize_value(request.repository_origin, RepositoryPythonOrigin)
+    directory = code_directory(origin)
+    if directory is not None:  # where the code server would run the run (a relative code file resolves there)
+        os.chdir(directory)
     sys.path[0] = _script_dir(origin.entry_point)
-    extra_files = [origin.code_pointer.python_file] if isinstance(origin.code_pointer, FileCodePointer) else []
+    pointer = origin.code_pointer
+    extra_files = [os.path.abspath(pointer.python_file)] if isinstance(pointer, FileCodePointer) else []
     if request.instance_ref is not None:
         loader = deserialize_value(request.instance_ref, InstanceRef).secrets_loader
         if loader is not None:  # as the code server (--inject-env-vars-from-instance) and execute_run do

@@ -40,6 +40,7 @@ from dagster_streamgroup.launcher.pool import Lease, ServerPool
 from dagster_streamgroup.launcher.protocol import ChannelClosedError, Fork, Forked
 from dagster_streamgroup.launcher.settings import LauncherSettings
 from dagster_streamgroup.launcher.spawn import SpawnedWorkers
+from dagster_streamgroup.launcher.workdir import unreachable_code_file
 from dagster_streamgroup.launcher.worker import WORKER_TAG, RunWorker
 
 
@@ -92,6 +93,10 @@ class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):
         location = run.remote_job_origin.location_name if run.remote_job_origin else None
         if not os.path.exists(origin.executable_path):
             self._through_code_server(context, f"its interpreter {origin.executable_path} is not on this host")
+            return
+        unreachable = unreachable_code_file(origin.repository_origin)
+        if unreachable is not None:
+            self._through_code_server(context, unreachable)
             return
         stateful = self._load_time_state(run)
         if stateful is not None:

@@ -10,6 +10,8 @@ import threading
 from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import serialize_value
 
+from dagster_streamgroup.launcher.workdir import code_directory
+
 
 class SpawnedWorkers:
     """The processes this launcher spawned, waited for in the background so none is left a zombie."""
@@ -23,7 +25,8 @@ class SpawnedWorkers:
         # The serialized arguments (which hold the instance settings) go through the environment, which
         # only this user can read, rather than the command line, which `ps` shows to everyone.
         env = {**os.environ, "DAGSTER_EXECUTE_RUN_ARGS": serialize_value(args)}
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+        cwd = code_directory(args.job_origin.repository_origin)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         threading.Thread(target=self._wait, args=(proc,), name=f"wait-run-worker-{proc.pid}", daemon=True).start()
         return proc
 

@@ -1,22 +1,29 @@
 """ForkServerRunLauncher under a real ``dagster dev`` (daemon with the QueuedRunCoordinator and run monitoring,
 webserver, code server): runs submitted over GraphQL, a killed run worker failed by run monitoring, runs that
-outlive a SIGKILLed daemon and are monitored by the next one, and no process left when ``dagster dev`` stops."""
+outlive a SIGKILLed daemon and are monitored by the next one, no process left when ``dagster dev`` stops, and a
+code location served apart (``dagster api grpc``) whose fork server outlives the daemon's workspace refreshes."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 from dagster_streamgroup.dagster.devserver import DagsterDev
 from dagster_streamgroup.launcher import RunWorker, process
 from dagster_streamgroup.local import procfs
+from dagster_streamgroup.local.kafka_broker import free_port
 from tests.launcher.helpers import (
     LOCATION,
+    PYTHON,
     copy_location,
     fork_servers_of,
     group_members,
@@ -34,10 +41,9 @@ class Dev:
     """``dagster dev`` on the test code location, with this module's instance settings, and the instance
     itself for reading runs and events."""
 
-    def __init__(self, home: Path, location: Path) -> None:
-        self.dagster_dev = DagsterDev(
-            home, {}, home / "dagster-dev.log", storage="sqlite", workspace=location / "workspace.yaml"
-        )
+    def __init__(self, home: Path, location: Path, workspace: str = "workspace.yaml") -> None:
+        log = home / "dagster-dev.log"
+        self.dagster_dev = DagsterDev(home, {}, log, storage="sqlite", workspace=location / workspace)
         (home / "dagster.yaml").write_text(instance_yaml(queued=True, monitoring_poll_s=1))
         self.instance = dg.DagsterInstance.from_config(str(home))
 
@@ -154,3 +160,55 @@ def test_runs_outlive_a_killed_daemon_and_the_next_daemon_monitors_them(tmp_path
         first.close()
         if second is not None:
             second.close()
+
+
+WORKSPACE_REFRESH_S = 60
+"""Dagster's daemon refreshes its workspace this often (``RELOAD_WORKSPACE_INTERVAL``); for a location it loads
+itself (``python_file``) it starts a new code server then, which the launcher takes for a reload."""
+
+
+def _serving(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_location_served_apart_keeps_its_fork_server_across_the_daemons_workspace_refreshes(
+    tmp_path: Path, location: Path
+) -> None:
+    """docs/deploying.md: with this launcher, serve the code location apart and name it in the workspace
+    (``grpc_server:``). The daemon's refresh then finds the same code server (the same id), so a run after a
+    refresh is forked from the fork server of the run before it. The server is started in the location's
+    directory with a relative ``-f definitions.py``, as its code server runs it: the fork server runs there too
+    (started from the daemon's directory, it loaded another file of that name, or none)."""
+    port = free_port()
+    served = location / "served.yaml"
+    served.write_text(
+        yaml.safe_dump({"load_from": [{"grpc_server": {"host": "127.0.0.1", "port": port, "location_name": LOCATION}}]})
+    )
+    with (tmp_path / "grpc.log").open("wb") as log:
+        server = subprocess.Popen(
+            [PYTHON, "-m", "dagster", "api", "grpc", "-h", "127.0.0.1", "-p", str(port), "-f", "definitions.py"],
+            cwd=location,
+            env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    dev = Dev(tmp_path / "home", location, workspace=served.name)
+    try:
+        wait_until("the code server to listen", lambda: _serving(port), 120, 0.5)
+        dev.start()
+        before = dev.launch("quick_job")
+        assert dev.wait_finished(before).status == dg.DagsterRunStatus.SUCCESS, dev.messages(before)
+        first = dev.worker(before)
+        assert first.via == "fork"
+        time.sleep(WORKSPACE_REFRESH_S + 10)
+        after = dev.launch("quick_job")
+        assert dev.wait_finished(after).status == dg.DagsterRunStatus.SUCCESS, dev.messages(after)
+        second = dev.worker(after)
+        assert second.via == "fork" and second.server_pid == first.server_pid, (first, second)
+        assert not any("was replaced because" in m for m in dev.messages(after)), dev.messages(after)
+    finally:
+        dev.close()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)

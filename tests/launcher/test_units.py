@@ -12,10 +12,13 @@ import types
 from pathlib import Path
 
 import pytest
+from dagster._core.code_pointer import FileCodePointer
+from dagster._core.origin import RepositoryPythonOrigin
 
 from dagster_streamgroup.launcher import WORKER_TAG, LauncherSettings, LauncherSettingsError, RunWorker, process
 from dagster_streamgroup.launcher.fingerprint import installed_roots, source_files, take
 from dagster_streamgroup.launcher.protocol import Channel, ChannelClosedError, Exited, Fork, Forked
+from dagster_streamgroup.launcher.workdir import code_directory, unreachable_code_file
 
 
 def test_settings_defaults_and_errors_that_name_the_field() -> None:
@@ -119,3 +122,28 @@ def test_files_modified_during_a_preload_count_as_changed(tmp_path: Path) -> Non
     modified = os.stat(module.__file__).st_mtime_ns
     assert fingerprint.distrusting(modified + 1).changed() == []
     assert fingerprint.distrusting(modified).changed() == [os.path.realpath(module.__file__)]
+
+
+def _origin(python_file: str, working_directory: str | None) -> RepositoryPythonOrigin:
+    pointer = FileCodePointer(python_file=python_file, fn_name="defs", working_directory=working_directory)
+    return RepositoryPythonOrigin(executable_path=sys.executable, code_pointer=pointer)
+
+
+def test_runs_work_in_the_code_locations_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "definitions.py").write_text("")
+    assert code_directory(_origin("definitions.py", str(tmp_path))) == str(tmp_path)
+    assert code_directory(_origin("definitions.py", str(tmp_path / "gone"))) is None  # not on this host
+    assert code_directory(_origin("definitions.py", None)) is None
+
+
+def test_a_relative_code_file_is_found_only_in_the_working_directory(tmp_path: Path) -> None:
+    """``dagster api grpc -f definitions.py`` records the file as given: found from the directory the server
+    was started in, which the origin names as its working directory unless ``-d`` named another."""
+    served, elsewhere = tmp_path / "served", tmp_path / "elsewhere"
+    served.mkdir()
+    elsewhere.mkdir()
+    (served / "definitions.py").write_text("")
+    assert unreachable_code_file(_origin("definitions.py", str(served))) is None
+    assert unreachable_code_file(_origin(str(served / "definitions.py"), str(elsewhere))) is None  # absolute
+    reason = unreachable_code_file(_origin("definitions.py", str(elsewhere)))
+    assert reason is not None and "'definitions.py'" in reason and str(elsewhere) in reason
