@@ -292,8 +292,7 @@ def standing_start(
     highs = example.highs()
     produce_s = time.perf_counter() - produce_started
     quiet_sampler.stop()
-    quiet = process_cpu.run_cpu_figures(quiet_sampler.snapshot(), quiet_boot, [])
-    stopped = IdleFloor(time.perf_counter() - produce_started, quiet.code_server_s, quiet.daemon_s, quiet.fork_server_s)
+    stopped = IdleFloor.read(quiet_sampler, quiet_boot, time.perf_counter() - produce_started)
     produced = sum(highs.values()) - sum(starts.values())
     print(f"{produced} records produced in {produce_s:.1f} s, sensors stopped", flush=True)
     print(f"the deployment meanwhile, its member sensors stopped: {stopped.figures()}", flush=True)
@@ -377,6 +376,12 @@ class IdleFloor:
     daemon_s: float
     fork_server_s: float
 
+    @classmethod
+    def read(cls, sampler: process_cpu.TreeSampler, since_boot: float, seconds: float) -> IdleFloor:
+        """The shared parts' CPU a stopped ``sampler`` read over ``seconds`` in which no run was created."""
+        shared = process_cpu.run_cpu_figures(sampler.snapshot(), since_boot, [])
+        return cls(seconds, shared.code_server_s, shared.daemon_s, shared.fork_server_s)
+
     @property
     def per_s(self) -> float:
         return (self.code_server_s + self.daemon_s + self.fork_server_s) / self.seconds
@@ -405,8 +410,7 @@ def idle_floor(example: Deployment, seconds: float, interval_s: float) -> IdleFl
     created = example.runs_created(since_wall, time.time())
     if created:
         print(f"WARNING: {len(created)} runs were created while the deployment was to be idle", flush=True)
-    idle = process_cpu.run_cpu_figures(sampler.snapshot(), since_boot, [])
-    floor = IdleFloor(elapsed, idle.code_server_s, idle.daemon_s, idle.fork_server_s)
+    floor = IdleFloor.read(sampler, since_boot, elapsed)
     print(f"the deployment idle, its member sensors ticking: {floor.figures()}", flush=True)
     return floor
 

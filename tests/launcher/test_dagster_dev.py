@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from dagster_streamgroup.dagster.devserver import DagsterDev
 from dagster_streamgroup.launcher import RunWorker, process
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_broker import free_port
+from dagster_streamgroup.local.spark_connect import port_answers
 from tests.launcher.helpers import (
     LOCATION,
     PYTHON,
@@ -167,11 +167,6 @@ WORKSPACE_REFRESH_S = 60
 itself (``python_file``) it starts a new code server then, which the launcher takes for a reload."""
 
 
-def _serving(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def test_a_location_served_apart_keeps_its_fork_server_across_the_daemons_workspace_refreshes(
     tmp_path: Path, location: Path
 ) -> None:
@@ -196,7 +191,7 @@ def test_a_location_served_apart_keeps_its_fork_server_across_the_daemons_worksp
         )
     dev = Dev(tmp_path / "home", location, workspace=served.name)
     try:
-        wait_until("the code server to listen", lambda: _serving(port), 120, 0.5)
+        wait_until("the code server to listen", lambda: port_answers(port), 120, 0.5)
         dev.start()
         before = dev.launch("quick_job")
         assert dev.wait_finished(before).status == dg.DagsterRunStatus.SUCCESS, dev.messages(before)
