@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster_streamgroup.dagster import KafkaStreamGroup
-from dagster_streamgroup.dagster.devserver import DagsterDev, wait_for
+from dagster_streamgroup.dagster.devserver import DagsterDev, Layout, wait_for
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, TICK_WAIT_MARGIN_S
 from dagster_streamgroup.dagster.sensors import DEPLOYMENT_ENV
 from dagster_streamgroup.protocol.state import EventKind
@@ -76,6 +76,9 @@ class ExampleSettings:
     spark_remote: str | None = None
     deployment: str | None = None
     """``STREAMGROUP_DEPLOYMENT``: the members' ids then do not depend on the instance's storage id."""
+    layout: Layout = "dev"
+    """How Dagster runs (``DagsterDev``): ``dev``, ``dagster dev``; ``services``, a production host's
+    ``dagster api grpc``, ``dagster-daemon run`` and ``dagster-webserver``."""
 
 
 def example_env(bootstrap: str, topic: str, group: str, output: Path, settings: ExampleSettings) -> dict[str, str]:
@@ -243,7 +246,7 @@ def running_example(
     )
     backend = resource.backend()
     shards = backend.shards()
-    dev = DagsterDev(home, env, work / "dagster-dev.log")
+    dev = DagsterDev(home, env, work / "dagster-dev.log", layout=settings.layout)
     example = Deployment(dev, env, group, backend, shards, 0.0, 0.0, resource, settings.members)
     started = time.perf_counter()
     try:
@@ -252,7 +255,8 @@ def running_example(
         wait_for("the members to share the shards", example.shared, timeout_s, 1.0)
         example.startup_s = time.perf_counter() - started
         print(
-            f"dagster dev ready after {example.ready_s:.1f} s, shards shared after {example.startup_s:.1f} s",
+            f"the deployment ({settings.layout}) ready after {example.ready_s:.1f} s,"
+            f" shards shared after {example.startup_s:.1f} s",
             flush=True,
         )
         yield example

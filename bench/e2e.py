@@ -1,23 +1,27 @@
-"""The example end to end under ``dagster dev``: draining a backlog against one Spark job, Spark Structured
+"""The example end to end in a Dagster deployment: draining a backlog against one Spark job, Spark Structured
 Streaming's own Kafka source (the peer users would pick instead of us) and a raw consumer.
 
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
-[--warmup-records RECORDS] [--spark connect|local] [--idle-seconds 20] [--drains 3] [--overhead-repeats 3]
-[--single-job-repeats 3] [--memory-runs 100] [--cpu-interval 0.5] [--heartbeat 3] [--session-timeout 300]
-[--[no-]overlapped] [--[no-]peer] [--timeout 1800]``
+[--warmup-records RECORDS] [--spark connect|local] [--layout services|dev] [--idle-seconds 20] [--drains 3]
+[--overhead-repeats 3] [--single-job-repeats 3] [--memory-runs 100] [--cpu-interval 0.5] [--heartbeat 3]
+[--session-timeout 300] [--[no-]overlapped] [--[no-]peer] [--timeout 1800]``
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
    read, in a new process), classic ``local[2]`` and over the local Spark Connect server
    (``dagster_streamgroup.local.spark_connect``), median of ``--overhead-repeats``;
-3. the example deployment (``bench.deployment``: ``dagster dev``, the project's ``dagster.yaml``, the
-   example's member sensors and stream asset) starts on a fresh instance and its members share the shards
+3. the example deployment (``bench.deployment``: the project's ``dagster.yaml``, the example's member sensors
+   and stream asset; ``--layout services``, the processes a production host runs as services and
+   docs/deploying.md describes: ``dagster api grpc`` serving the code location, ``dagster-daemon run`` and
+   ``dagster-webserver`` pointed at it; ``--layout dev``, ``dagster dev``, whose code server sits behind a
+   reloading proxy) starts on a fresh instance and its members share the shards
    (``startup_s``); ``--warmup-records`` events are drained (``warmup_s``: a deployment's first runs also
    pay for its Spark server compiling these queries). By default as many as ``--records``: every side meets
    its timed backlog warm at full size, as the single job does after its warm-up call over the whole backlog
    (a Connect server's first 2,000,000-record job took about twice the CPU and time of the next one); once
    its runs exited, the deployment idles ``--idle-seconds`` with its member sensors ticking and its own CPU
-   is read (``idle_deployment``: the code server with its proxy, the daemon, the fork servers, ms per s);
+   is read (``idle_deployment``: the code server (with its proxy under ``dagster dev``), the daemon, the fork
+   servers, ms per s; the webserver is read, not counted);
 4. **the backlog from a standing start**, as the single job meets it: the member sensors are stopped over
    GraphQL (as a user stops them in the UI) and their last ticks and runs end; ``--records`` clickstream
    events arrive (``produce_s``); then the sensors start, and ``drain_s`` runs from their start until Kafka's
@@ -70,7 +74,7 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
 7. ``single_job_s``: the example's user function over the standing-start backlog's ranges (each shard's
    backlog as one range) in ONE warm session of the deployment's kind (``bench.single_job``: the example's
    own Spark resource, so a Connect session on the same server by default), best of
-   ``--single-job-repeats`` after a warm-up call, with ``dagster dev`` stopped;
+   ``--single-job-repeats`` after a warm-up call, with the deployment stopped;
    ``ratio_single_job = drain_s / single_job_s`` (and ``ratio_single_job_overlapped`` with the measure before);
 8. ``connect_server_rss_mb_after_100_runs``: ``--memory-runs`` more runs of the ``per_run_overhead_s`` kind,
    one after another on the same Connect server, with the server tree's RSS sampled every 10
@@ -576,6 +580,7 @@ def drain(
         session_timeout_s=args.session_timeout,
         max_records_per_run=args.max_records_per_run,
         spark_remote=remote,
+        layout=args.layout,
         # Member ids fixed from the first tick: ids derived from the instance's storage id can differ on the
         # very first ticks, and a long session timeout would keep those stale members until it ran out.
         deployment=f"bench-{uuid.uuid4().hex[:8]}",
@@ -696,6 +701,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spark", choices=["local", "connect"], default="connect", help="where the runs' Spark runs")
     parser.add_argument(
+        "--layout",
+        choices=["services", "dev"],
+        default="services",
+        help="how Dagster runs: a production host's services (dagster api grpc, dagster-daemon, dagster-webserver) "
+        "or dagster dev",
+    )
+    parser.add_argument(
         "--drains", type=int, default=3, help="standing-start backlogs drained one after another (figures over all)"
     )
     parser.add_argument(
@@ -757,7 +769,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dagster_streamgroup.local.spark_connect import running_connect_server
 
-    result: dict[str, Any] = {"records": 0, "partitions": args.partitions, "members": args.members, "spark": args.spark}
+    result: dict[str, Any] = {
+        "records": 0,
+        "partitions": args.partitions,
+        "members": args.members,
+        "spark": args.spark,
+        "layout": args.layout,
+    }
     with running_broker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         topic = f"clicks-{uuid.uuid4().hex[:8]}"
         create_topics(broker.bootstrap, {topic: args.partitions})
@@ -784,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             result.update(drained)
             ranges = [ShardRange(shard, starts[shard], high) for shard, high in highs.items() if high > starts[shard]]
-            # dagster dev is stopped: the single job has the machine (and the Connect server) to itself.
+            # the deployment is stopped: the single job has the machine (and the Connect server) to itself.
             result.update(single_job_seconds(env, ranges, args.single_job_repeats))
             if args.memory_runs:  # after the drain, so the drain meets the server as a deployment does
                 rss_before = mib(procfs.tree_rss_bytes(server.pid))

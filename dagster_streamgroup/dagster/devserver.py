@@ -1,6 +1,10 @@
-"""A real ``dagster dev`` (daemon, webserver, code server) for end-to-end tests and benchmarks, over GraphQL.
+"""A real Dagster deployment (daemon, webserver, code server) for end-to-end tests and benchmarks, over GraphQL.
 
-It is started in its own session so signals reach the whole tree and stopped by process group; its
+Two layouts: ``dev``, ``dagster dev`` (its code server behind ``dagster code-server start``'s proxy, which
+reloads it); ``services``, the processes a production host runs as services (Dagster's Helm chart and
+docs/deploying.md): ``dagster api grpc`` serving the code location, and ``dagster-daemon run`` and
+``dagster-webserver`` with a workspace that points at it (``grpc_server:``). Either is started in its own
+session, under one root process, so signals reach the whole tree and it is stopped by process group; its
 instance lives in a fresh DAGSTER_HOME with the project's dagster.yaml (per-shard run limit), its runs and
 events in SQLite files there or, with ``DAGSTER_STORAGE=postgres``, in a temporary PostgreSQL server."""
 
@@ -16,8 +20,11 @@ import urllib.error
 import urllib.request
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+import yaml  # type: ignore[import-untyped]  # no types-PyYAML in the lock: yaml is a dependency of dagster
 
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.dagster_storage import STORAGE_ENV, InstanceStorage, instance_storage, storage_kind
@@ -27,6 +34,40 @@ ROOT = Path(__file__).resolve().parents[2]
 """The project checkout: workspace.yaml, dagster.yaml and .venv/ of the example."""
 T = TypeVar("T")
 DEV_COMMAND = (str(ROOT / ".venv/bin/dagster"), "dev", "-h", "127.0.0.1")
+Layout = Literal["dev", "services"]
+SERVICES_SCRIPT = """
+bin=$1 code_port=$2 code_file=$3 code_dir=$4 location=$5 workspace=$6 web_port=$7
+"$bin/dagster" api grpc -h 127.0.0.1 -p "$code_port" -f "$code_file" -d "$code_dir" --location-name "$location" &
+code=$!
+until (exec 3<>"/dev/tcp/127.0.0.1/$code_port") 2>/dev/null; do
+  kill -0 "$code" 2>/dev/null || exit 1
+  sleep 0.2
+done
+"$bin/dagster-daemon" run -w "$workspace" &
+"$bin/dagster-webserver" -h 127.0.0.1 -p "$web_port" -w "$workspace" &
+wait -n
+"""
+"""The ``services`` layout's root: the code server first (the daemon and the webserver load the workspace once
+at start), then the two services; it exits, and the deployment reads as stopped, when any of them does."""
+
+
+@dataclass(frozen=True)
+class CodeLocation:
+    """The one ``python_file`` code location of a workspace file, as ``dagster api grpc`` serves it."""
+
+    name: str
+    python_file: str
+    working_directory: Path
+
+    @classmethod
+    def of_workspace(cls, workspace: Path) -> CodeLocation:
+        entries = yaml.safe_load(workspace.read_text())["load_from"]
+        files = [e["python_file"] for e in entries if "python_file" in e]
+        if len(entries) != 1 or len(files) != 1:
+            raise ValueError(f"{workspace}: the services layout serves one python_file code location")
+        entry = files[0] if isinstance(files[0], dict) else {"relative_path": files[0]}
+        directory = workspace.parent / entry.get("working_directory", ".")
+        return cls(entry.get("location_name", Path(entry["relative_path"]).stem), entry["relative_path"], directory)
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float, interval_s: float = 2.0) -> T:
@@ -61,6 +102,7 @@ class DagsterDev:
         *,
         storage: str | None = None,
         workspace: Path = ROOT / "workspace.yaml",
+        layout: Layout = "dev",
     ) -> None:
         """``storage``: ``sqlite`` or ``postgres``; by default ``DAGSTER_STORAGE`` from ``env``, else from this
         process, else ``sqlite``. A PostgreSQL server lives until ``close()`` (or this object is collected, or
@@ -69,6 +111,7 @@ class DagsterDev:
         self.log = log
         self.port = free_port()
         self.workspace = workspace
+        self.layout = layout
         self.proc: subprocess.Popen[bytes] | None = None
         kind = storage_kind(storage if storage is not None else env.get(STORAGE_ENV, os.environ.get(STORAGE_ENV)))
         resources = contextlib.ExitStack()
@@ -86,10 +129,31 @@ class DagsterDev:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        """The root process's command line."""
+        if self.layout == "dev":
+            return [*DEV_COMMAND, "-w", str(self.workspace), "-p", str(self.port)]
+        location = CodeLocation.of_workspace(self.workspace)
+        code_port = free_port()
+        workspace = self.home / "workspace-services.yaml"
+        self.home.mkdir(parents=True, exist_ok=True)
+        served = {"grpc_server": {"host": "127.0.0.1", "port": code_port, "location_name": location.name}}
+        workspace.write_text(yaml.safe_dump({"load_from": [served]}))
+        arguments = [
+            str(ROOT / ".venv/bin"),
+            str(code_port),
+            location.python_file,
+            str(location.working_directory.resolve()),
+            location.name,
+            str(workspace),
+            str(self.port),
+        ]
+        return ["bash", "-c", SERVICES_SCRIPT, "dagster-services", *arguments]
+
     def start(self, timeout_s: float = 180.0) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*DEV_COMMAND, "-w", str(self.workspace), "-p", str(self.port)],
+                self.command(),
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,
@@ -102,7 +166,7 @@ class DagsterDev:
     def _ready(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise RuntimeError(f"dagster dev exited with {self.proc.returncode}; see {self.log}")
+            raise RuntimeError(f"the deployment ({self.layout}) exited with {self.proc.returncode}; see {self.log}")
         data = self.graphql("{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }")
         statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
         return any(s["daemonType"] == "SENSOR" and s["healthy"] for s in statuses)
@@ -167,12 +231,13 @@ class DagsterDev:
             raise RuntimeError(f"stopping {name}: {result}")
 
     def daemon_pid(self) -> int:
-        """The ``dagster._daemon run`` child of ``dagster dev``."""
+        """The daemon: ``dagster dev``'s ``dagster._daemon run`` child, or the ``dagster-daemon run`` service."""
         assert self.proc is not None
         for pid in procfs.process_tree(self.proc.pid):
-            if b"dagster._daemon" in procfs.cmdline(pid):
+            command = b" ".join(procfs.cmdline(pid))
+            if b"dagster._daemon" in command or b"dagster-daemon " in command:
                 return pid
-        raise RuntimeError("the daemon process of dagster dev was not found")
+        raise RuntimeError(f"the daemon process of the deployment ({self.layout}) was not found")
 
     def kill_daemon_and_wait(self, timeout_s: float = 900.0) -> None:
         """SIGKILL the daemon. ``dagster dev`` notices and shuts its other services down; run workers already
