@@ -37,18 +37,30 @@ DEV_COMMAND = (str(ROOT / ".venv/bin/dagster"), "dev", "-h", "127.0.0.1")
 Layout = Literal["dev", "services"]
 SERVICES_SCRIPT = """
 bin=$1 code_port=$2 code_file=$3 code_dir=$4 location=$5 workspace=$6 web_port=$7
-"$bin/dagster" api grpc -h 127.0.0.1 -p "$code_port" -f "$code_file" -d "$code_dir" --location-name "$location" &
+env --default-signal=INT "$bin/dagster" api grpc -h 127.0.0.1 -p "$code_port" \\
+  -f "$code_file" -d "$code_dir" --location-name "$location" &
 code=$!
 until (exec 3<>"/dev/tcp/127.0.0.1/$code_port") 2>/dev/null; do
   kill -0 "$code" 2>/dev/null || exit 1
   sleep 0.2
 done
-"$bin/dagster-daemon" run -w "$workspace" &
-"$bin/dagster-webserver" -h 127.0.0.1 -p "$web_port" -w "$workspace" &
-wait -n
+env --default-signal=INT "$bin/dagster-daemon" run -w "$workspace" &
+daemon=$!
+env --default-signal=INT "$bin/dagster-webserver" -h 127.0.0.1 -p "$web_port" -w "$workspace" &
+web=$!
+trap 'kill -INT "$code" "$daemon" "$web" 2>/dev/null' INT TERM
+wait -n "$code" "$daemon" "$web"
+status=$?
+kill -INT "$code" "$daemon" "$web" 2>/dev/null
+wait "$code" "$daemon" "$web"
+exit "$status"
 """
 """The ``services`` layout's root: the code server first (the daemon and the webserver load the workspace once
-at start), then the two services; it exits, and the deployment reads as stopped, when any of them does."""
+at start), then the two services. When one of them exits, it stops the other two and exits, as ``dagster dev``
+does, and on an interrupt it waits for the three to stop; run workers, not its children, finish their runs. A
+shell's background commands start with SIGINT ignored, and Dagster's services then ignore SIGTERM too (they give
+it SIGINT's handler): ``env --default-signal=INT`` gives each service SIGINT back, so an interrupt stops it as it
+stops ``dagster dev``."""
 
 
 @dataclass(frozen=True)
@@ -233,9 +245,9 @@ class DagsterDev:
     def daemon_pid(self) -> int:
         """The daemon: ``dagster dev``'s ``dagster._daemon run`` child, or the ``dagster-daemon run`` service."""
         assert self.proc is not None
-        for pid in procfs.process_tree(self.proc.pid):
-            command = b" ".join(procfs.cmdline(pid))
-            if b"dagster._daemon" in command or b"dagster-daemon " in command:
+        for pid in procfs.process_tree(self.proc.pid)[1:]:
+            arguments = procfs.cmdline(pid)
+            if b"dagster._daemon" in arguments or any(a.endswith(b"/dagster-daemon") for a in arguments):
                 return pid
         raise RuntimeError(f"the daemon process of the deployment ({self.layout}) was not found")
 

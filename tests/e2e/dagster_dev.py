@@ -4,6 +4,6 @@ Its instance storage follows ``DAGSTER_STORAGE`` (``sqlite``, the default, or ``
 PostgreSQL server for the instance), so the end-to-end test runs on PostgreSQL with
 ``DAGSTER_STORAGE=postgres STREAMGROUP_E2E=1 .venv/bin/pytest -m e2e tests/e2e``."""
 
-from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
+from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, Layout, wait_for
 
-__all__ = ["ROOT", "DagsterDev", "wait_for"]
+__all__ = ["ROOT", "DagsterDev", "Layout", "wait_for"]

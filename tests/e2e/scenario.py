@@ -29,7 +29,7 @@ from jobs.clickstream_events import (
     producers,
     v3io_client,
 )
-from tests.e2e.dagster_dev import ROOT, DagsterDev, wait_for
+from tests.e2e.dagster_dev import ROOT, DagsterDev, Layout, wait_for
 from tests.fixtures.v3io import unique_v3io_name
 
 ASSET = "page_views_per_minute"
@@ -259,11 +259,14 @@ def run_example_scenario(
     drain_timeout_s: float,
     backfill: bool,
     extra_env: dict[str, str] | None = None,
+    layout: Layout = "dev",
 ) -> None:
-    """The example under a real ``dagster dev``: a backlog drains exactly once; a member sensor stopped over
-    GraphQL leaves and its shards are re-owned within a tick plus the margin; optionally a CLI backfill
-    re-processes a range without moving offsets; the daemon is killed mid-stream and restarted; nothing is lost
-    and nothing committed twice, as Dagster's own materializations (over GraphQL), the offsets mirrored into
+    """The example in a real Dagster deployment (``layout``: ``dagster dev``, or a production host's
+    ``dagster api grpc``, ``dagster-daemon run`` and ``dagster-webserver``): a backlog drains exactly once; a
+    member sensor stopped over GraphQL leaves and its shards are re-owned within a tick plus the margin;
+    optionally a CLI backfill re-processes a range without moving offsets; the daemon is killed mid-stream and
+    restarted (the other services stop with it and start again); nothing is lost and nothing
+    committed twice, as Dagster's own materializations (over GraphQL), the offsets mirrored into
     the stream and the example's output (every range's folder counts its records) show."""
     resource = stream.resource
     group = resource.group
@@ -281,7 +284,7 @@ def run_example_scenario(
         **(extra_env or {}),
     }
     log = work_dir / "dagster-dev.log"
-    dev = DagsterDev(home, env, log)
+    dev = DagsterDev(home, env, log, layout=layout)
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
     try:
