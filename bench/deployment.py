@@ -1,8 +1,9 @@
 """The example deployment as the run-economy benchmarks start it, and what they read back from it.
 
-The example project (``definitions.py``, ``jobs/clickstream.py``, ``sensors/``) runs under ``dagster dev``
-(``DagsterDev``) with the instance settings of the project's ``dagster.yaml``, on the local broker, its runs'
-Spark on the local Spark Connect server (or a classic ``local[2]``). The benchmarks treat it as a black box:
+The example project (``definitions.py``, ``jobs/clickstream.py``, ``sensors/``) runs in a Dagster deployment
+(``DagsterDev``: ``dagster dev``, or a production host's services) with the instance settings of the project's
+``dagster.yaml``, on the local broker, its runs' Spark on the local Spark Connect server (or a classic
+``local[2]``). The benchmarks treat it as a black box:
 they set the example's environment variables, produce records, and read the broker's watermarks, Kafka's
 group offsets (the group mirrors its commits there) and the runs Dagster recorded, never the runs' tags, so
 they measure whatever run model and launcher the example uses. They read the group's state only to check the
