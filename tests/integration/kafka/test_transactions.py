@@ -71,9 +71,19 @@ class Transactions:
         self.open_values = self._write(size)
 
     def commit_open(self) -> None:
+        """Commit the open transaction, and return once the partition's last stable offset has passed it: the
+        broker answers the commit once it is logged and writes the partition's commit marker just after, so a
+        tick at once may still find the partition held (it then launches at its next tick, which a test that
+        drains at once does not wait for)."""
         self.producer.commit_transaction(30)
         self.committed_values += self.open_values
         self.open_values = []
+        shard = f"{self.topic}:0"
+        backend = kafka_backend(self.bootstrap, self.topic)
+        deadline = time.monotonic() + 30
+        while backend.watermarks([shard])[shard].held_by_open_transaction:
+            assert time.monotonic() < deadline, "the committed transaction still holds its partition after 30 s"
+            time.sleep(0.1)
 
 
 def drain(member: GroupMember, ticks: int = 10) -> list[bytes]:
