@@ -103,7 +103,13 @@ from dagster_streamgroup.stores.v3io_log import (
     parse_token,
     should_fold,
 )
-from dagster_streamgroup.streams.v3io_config import V3ioConnection, normalise_path, parse_stream_id
+from dagster_streamgroup.streams.v3io_config import (
+    CONTAINER_NOT_FOUND,
+    V3ioConnection,
+    missing_container,
+    normalise_path,
+    parse_stream_id,
+)
 
 PART_CHARS = 60_000
 """Characters per string attribute, below the v3io client's limit of 61,199."""
@@ -358,6 +364,11 @@ class V3ioStateStore:
 
     def _unexpected(self, what: str, response: Any) -> StoreUnavailableError:
         body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else str(response.body)
+        if missing_container(response):
+            return StoreUnavailableError(
+                f"state store {self._name}: cannot {what}: the container {self.connection.container!r} does not "
+                f"exist (the platform answered '{CONTAINER_NOT_FOUND}'); check the store's container"
+            )
         return StoreUnavailableError(
             f"state store {self._name}: cannot {what}: status {response.status_code}: {body[:300]}"
         )
@@ -365,7 +376,7 @@ class V3ioStateStore:
     def _get(self, key: str, location: tuple[str, str, str], names: list[str]) -> dict[str, Any] | None:
         container, directory, item = location
         response = self._call(f"load {key!r}", self._client.kv.get, container, directory, item, attribute_names=names)
-        if response.status_code == 404:
+        if response.status_code == 404 and not missing_container(response):
             return None
         if response.status_code != 200:
             raise self._unexpected(f"load {key!r}", response)
@@ -404,7 +415,7 @@ class V3ioStateStore:
                 attribute_names=names, marker=marker, sharding_key=key_range.sharding_key,
                 sort_key_range_start=key_range.start, sort_key_range_end=key_range.end,
             )  # fmt: skip
-            if response.status_code == 404:
+            if response.status_code == 404 and not missing_container(response):
                 return items
             if response.status_code != 200:
                 raise self._unexpected(f"read the log of {key!r}", response)
@@ -416,7 +427,7 @@ class V3ioStateStore:
     def _delete(self, key: str, location: tuple[str, str, str]) -> None:
         container, directory, item = location
         response = self._call(f"delete a log item of {key!r}", self._client.kv.delete, container, directory, item)
-        if response.status_code not in (200, 204, 404):
+        if response.status_code not in (200, 204, 404) or missing_container(response):
             raise self._unexpected(f"delete a log item of {key!r}", response)
 
     # -- reading --------------------------------------------------------------------------------------------

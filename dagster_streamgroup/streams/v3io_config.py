@@ -163,3 +163,16 @@ def parse_stream_id(text: str) -> tuple[str, str] | None:
         return container, normalise_path(path, what="stream path")
     except ValueError:
         return None
+
+
+CONTAINER_NOT_FOUND = "Container not found"
+"""What the platform's 404 body says when the container, not the item or stream, is missing."""
+
+
+def missing_container(response: Any) -> bool:
+    """A 404 about the container itself: never to be read as an absent item, shard or stream."""
+    if response.status_code != 404:
+        return False
+    body = response.body
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    return CONTAINER_NOT_FOUND in text
