@@ -57,7 +57,8 @@ def _decode(text: str | bytes, *, where: str) -> GroupState:
         if "session_states" in raw:
             raise ForeignStateError(
                 f"{where}: this consumer group is managed by v3io-go/Nuclio consumers (a 'session_states' "
-                "document); dagster-streamgroup will not overwrite it. Use another group name."
+                "document); dagster-streamgroup will not overwrite it. Give this group another name, or stop those "
+                "consumers and delete the item to hand the group over (it then starts at the offsets they committed)."
             )
         raise ForeignStateError(
             f"{where}: the stored object is not a dagster-streamgroup state (kind={kind!r}); refusing to overwrite it"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from dagster_streamgroup.protocol.codec import ForeignStateError
 from dagster_streamgroup.protocol.state import GroupState
 
 
@@ -17,6 +18,22 @@ class StoreUnavailableError(RuntimeError):
 
 class StoreConfigError(ValueError):
     """The store URL or options are invalid; the message says which part and why."""
+
+
+class StateDamagedError(ForeignStateError):
+    """Part of a stored state is missing or unreadable (an item or row deleted or overwritten by hand): reading on
+    would roll the group back to an older state, so the store refuses, naming what is damaged and what to do. A
+    kind of ``ForeignStateError``: like a foreign object, it is never overwritten."""
+
+
+def reason(exc: Exception) -> str:
+    """What a codec error says, without the location it starts with (the damage message names it once)."""
+    text = str(exc)
+    _where, sep, rest = text.partition("): ")
+    if sep and "key " in _where:
+        return rest
+    _where, sep, rest = text.partition("': ")
+    return rest if sep and "key " in _where else text
 
 
 StateToken = str

@@ -19,6 +19,15 @@ A read takes the base row and the log rows after it in one statement, so from on
 between them would pair a base body with rows it already holds. A delta applies only to the revision it was
 computed from, so rows that do not continue the state a reader holds send it back to the base row.
 
+Each log row carries a random ``write_id`` and the ``previous_id`` of the row it follows, and an append is valid
+only while row ``v`` is still the one its writer built on. Without them, a row deleted by hand would let two
+writers each write a version of that number, one on the state before it and one on the deleted row, and a
+reader would apply the second's change to the first's state: one state made of two histories. With them, the
+writer that built on the deleted row is refused and reads the state again, and a reader that finds rows which
+do not follow one another (one missing, one from another history, one that cannot be read) refuses the state
+with ``StateDamagedError`` instead of reading an older one. What cannot be seen is the newest row deleted: the
+state reads as one write earlier, a lost write (docs/stores.md).
+
 The store remembers the last state it loaded or wrote per key, so a member reads only the rows appended since
 (Pravega's state synchronizer keeps a revisioned copy the same way).
 
@@ -30,8 +39,10 @@ updating a base row that the log has moved past. Nothing is appended to such a r
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -39,14 +50,18 @@ from sqlalchemy import (
     ColumnElement,
     CompoundSelect,
     MetaData,
+    Row,
     Table,
     Text,
     and_,
     case,
     delete,
+    exists,
+    inspect,
     literal,
     null,
     select,
+    text,
     union_all,
     update,
 )
@@ -56,9 +71,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateTable
 
 from dagster_streamgroup.protocol import delta
-from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
+from dagster_streamgroup.protocol.codec import (
+    ForeignStateError,
+    NewerSchemaError,
+    StateFormatError,
+    decode_state,
+    encode_state,
+)
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
-from dagster_streamgroup.stores.base import StateToken, StoreUnavailableError
+from dagster_streamgroup.stores.base import StateDamagedError, StateToken, StoreUnavailableError, reason
 from dagster_streamgroup.stores.sql import _UNREACHABLE, DEFAULT_TABLE, SqlStateStore, _parse_token
 
 FOLD_FRACTION = 2.0
@@ -71,13 +92,23 @@ MAX_GAP_RETRIES = 3
 
 
 def log_table(name: str) -> Table:
+    """``write_id``/``previous_id`` chain the rows (NULL in rows written before they existed: not checked)."""
     return Table(
         name,
         MetaData(),
         Column("key", Text, primary_key=True),
         Column("version", BigInteger, primary_key=True),
         Column("body", Text, nullable=False),
+        Column("write_id", Text, nullable=True),
+        Column("previous_id", Text, nullable=True),
     )
+
+
+CHAIN_COLUMNS = ("write_id", "previous_id")
+
+
+def new_write_id() -> str:
+    return secrets.token_hex(8)
 
 
 @dataclass
@@ -90,10 +121,19 @@ class _Known:
     appended_bytes: int
     """Bytes of the log rows after the base row."""
     state_bytes: int
+    write_id: str | None = None
+    """The id of the log row holding ``version`` (None: no row holds it, or one written without an id)."""
 
 
 class _GapError(Exception):
-    """The log rows this reader got do not continue the state it holds (folded meanwhile, or not ours)."""
+    """The log rows this reader got do not continue the state it holds (folded meanwhile, or not ours).
+
+    ``damage`` says what is wrong when the rows came from one snapshot and no copy of this store's was involved:
+    then it is not a race but rows deleted, replaced or damaged."""
+
+    def __init__(self, damage: str = "") -> None:
+        super().__init__(damage)
+        self.damage = damage
 
 
 class LoggedSqlStateStore(SqlStateStore):
@@ -131,6 +171,25 @@ class LoggedSqlStateStore(SqlStateStore):
                 conn.execute(CreateTable(self._log, if_not_exists=True))
         except DBAPIError:
             pass  # created by a concurrent member, or unreachable: the first load says which
+        self._add_chain_columns()
+
+    def _add_chain_columns(self) -> None:
+        """Add the chain's columns to a log table made before they existed (members may race to: a failure is
+        fine when the columns exist afterwards)."""
+        try:
+            present = {c["name"] for c in inspect(self._engine).get_columns(self._log.name)}
+        except DBAPIError:
+            return  # unreachable: the first load says so
+        for column in CHAIN_COLUMNS:
+            if column in present:
+                continue
+            try:
+                with self._engine.connect() as conn:
+                    conn.execute(text(f'ALTER TABLE "{self._log.name}" ADD COLUMN {column} TEXT'))
+            except DBAPIError:
+                present = {c["name"] for c in inspect(self._engine).get_columns(self._log.name)}
+                if column not in present:
+                    raise
 
     def should_fold(self, appended_bytes: int, state_bytes: int) -> bool:
         """Whether the log rows after the base row (``appended_bytes``) are worth rewriting the state for."""
@@ -144,9 +203,11 @@ class LoggedSqlStateStore(SqlStateStore):
         for _ in range(MAX_GAP_RETRIES):
             try:
                 known = self._read(key)
-            except _GapError:
+            except _GapError as gap:
                 with self._lock:
                     self._known.pop(key, None)
+                if gap.damage:
+                    raise self._damaged(key, gap.damage) from None
                 continue
             except _UNREACHABLE as exc:
                 raise self._unavailable(f"load {key!r}", exc) from exc
@@ -159,6 +220,9 @@ class LoggedSqlStateStore(SqlStateStore):
         )
 
     def _read(self, key: str) -> _Known | None:
+        """The state as of now: the base row (or this store's copy, while the base row is not past it), and the
+        log rows after it, each following the one before (ids) and continuing the state so far (revisions).
+        Rows that do not are a race while this store's copy was involved (read again without it), else damage."""
         with self._lock:
             cached = self._known.get(key)
         with self._engine.connect() as conn:
@@ -168,28 +232,59 @@ class LoggedSqlStateStore(SqlStateStore):
         base, logged = rows[0], rows[1:]
         if base.body is None:  # the base row is one this store's copy already holds
             assert cached is not None
-            state, version = cached.state, cached.version
+            state, version, write_id = cached.state, cached.version, cached.write_id
             appended = cached.appended_bytes if cached.base_version == base.version else 0
             state_bytes = cached.state_bytes
+            at_start = logged[0] if logged and logged[0].version == version else None
+            if (at_start.write_id if at_start is not None else None) != write_id:
+                raise _GapError()  # the row this copy holds was replaced or deleted: read from the base row
+            from_base = False
         else:
-            state = decode_state(base.body, where=self._where(key))
+            state = self._decoded_base(key, base.body)
             version, appended, state_bytes = int(base.version), 0, len(base.body)
+            write_id = next((row.write_id for row in logged if row.version == version), None)
+            from_base = True
         for row in logged:
+            if row.version <= version:
+                continue  # the row the state read so far ends at (its id is taken above)
             if row.version != version + 1:
-                raise _GapError()
-            state = self._applied(key, state, row.body)
-            version = int(row.version)
+                missing = f"log row version {version + 1} is missing (the next row is {row.version})"
+                raise _GapError(missing if from_base else "")
+            if row.previous_id is not None and write_id is not None and row.previous_id != write_id:
+                raise _GapError(f"log row version {row.version} does not follow the row before it" if from_base else "")
+            state = self._applied(key, state, row, from_base)
+            version, write_id = int(row.version), row.write_id
             appended += len(row.body)
-        known = _Known(version, state, int(base.version), appended, state_bytes)
+        known = _Known(version, state, int(base.version), appended, state_bytes, write_id)
         with self._lock:
             self._known[key] = known
         return known
 
-    def _snapshot(self, key: str, cached: _Known | None) -> CompoundSelect[int, int, str | None]:
-        """The base row and the log rows after the state to start from, in one statement (one snapshot).
+    def _decoded_base(self, key: str, body: str) -> GroupState:
+        """The base row's state. The row is marked as ours (the snapshot checks ``kind``), so a body that
+        cannot be read is damage, not a foreign object."""
+        try:
+            return decode_state(body, where=self._where(key))
+        except NewerSchemaError:
+            raise
+        except StateFormatError as exc:
+            raise self._damaged(key, f"the base row cannot be read ({reason(exc)})") from exc
+
+    def _damaged(self, key: str, what: str) -> StateDamagedError:
+        t = self._table.name
+        return StateDamagedError(
+            f"{self._where(key)}: {what}; reading on would roll the group back to an older state, so the store is "
+            f"refusing to read or write it. Restore the row, or delete the key's rows from {t} and {t}_log: the "
+            "group then starts again from the offsets mirrored in the stream, and ranges committed since the last "
+            "mirror run again"
+        )
+
+    def _snapshot(self, key: str, cached: _Known | None) -> CompoundSelect[Any]:
+        """The base row and the log rows from the state to start from, in one statement (one snapshot).
 
         The base row's body is left out (NULL) when ``cached`` holds a state at or after it, built on it or an
-        earlier base: then only the rows after ``cached`` are read."""
+        earlier base: then only the row holding ``cached`` (to check it is still the one) and those after it
+        are read."""
         t, log = self._table, self._log
         body: ColumnElement[str | None] = t.c.body
         start: ColumnElement[int] = t.c.version
@@ -202,27 +297,33 @@ class LoggedSqlStateStore(SqlStateStore):
             )
             body = case((usable, null()), else_=t.c.body)
             start = case((usable, literal(cached.version, BigInteger)), else_=t.c.version)
-        base = select(literal(0).label("part"), t.c.version, body.label("body")).where(t.c.key == key)
+        no_id = null()
+        base = select(
+            literal(0).label("part"), t.c.version, body.label("body"), no_id.label("write_id"),
+            no_id.label("previous_id"),
+        ).where(t.c.key == key)  # fmt: skip
         after = (
-            select(literal(1), log.c.version, log.c.body)
+            select(literal(1), log.c.version, log.c.body, log.c.write_id, log.c.previous_id)
             .join_from(log, t, t.c.key == log.c.key)
-            .where(log.c.key == key, log.c.version > start)
+            .where(log.c.key == key, log.c.version >= start)  # from the row holding the start, for its id
         )
         both = union_all(base, after)
         return both.order_by(both.selected_columns.part, both.selected_columns.version)
 
-    def _applied(self, key: str, state: GroupState, body: str) -> GroupState:
-        raw = json.loads(body)
-        if "state" in raw:
-            return decode_state(json.dumps(raw["state"]), where=self._where(key))
+    def _applied(self, key: str, state: GroupState, row: Row[Any], from_base: bool) -> GroupState:
+        """``state`` with the change of log ``row`` applied. On a read from the base row (``from_base``) a row
+        that does not continue the state is damage; on one from this store's copy, a race."""
         try:
+            raw = json.loads(row.body)
+            if "state" in raw:
+                return decode_state(json.dumps(raw["state"]), where=self._where(key))
             change = delta.StateDelta.model_validate(raw["delta"])
+        except NewerSchemaError:
+            raise
         except Exception as exc:  # a row written by a newer version, or damaged
-            raise ForeignStateError(
-                f"{self._where(key)}: a logged change cannot be read ({exc}); refusing to write"
-            ) from exc
+            raise self._damaged(key, f"log row version {row.version} cannot be read ({exc})") from exc
         if state.revision != change.base_revision:
-            raise _GapError()
+            raise _GapError(f"log row version {row.version} does not continue the state before it" if from_base else "")
         return delta.apply(state, change)
 
     # -- writing --------------------------------------------------------------------------------
@@ -231,6 +332,7 @@ class LoggedSqlStateStore(SqlStateStore):
         try:
             if token is None:
                 body = encode_state(state)
+                self._drop_orphaned_rows(key)
                 created = self._create(key, state, body)
                 if created:
                     self.bytes_written += len(body)
@@ -240,6 +342,14 @@ class LoggedSqlStateStore(SqlStateStore):
             return self._append(key, state, _parse_token(token))
         except _UNREACHABLE as exc:
             raise self._unavailable(f"save {key!r}", exc) from exc
+
+    def _drop_orphaned_rows(self, key: str) -> None:
+        """Delete log rows left by a base row that is gone (a lost state: deleted by hand, or its database
+        restored without it), which would otherwise stand in the way of the new state's rows. Only while there
+        is no base row, in one statement: a writer of a new state cannot have inserted rows yet."""
+        t, log = self._table, self._log
+        with self._engine.connect() as conn:
+            conn.execute(delete(log).where(log.c.key == key, ~exists(select(t.c.key).where(t.c.key == key))))
 
     def _append(self, key: str, state: GroupState, version: int) -> bool:
         with self._lock:
@@ -256,20 +366,22 @@ class LoggedSqlStateStore(SqlStateStore):
         if self._base_is_old(key):
             return self._rewrite_base(key, state, version)
         body = self._log_body(known.state, state)
-        if not self._insert_after(key, version, body):
+        write_id = new_write_id()
+        if not self._insert_after(key, version, body, write_id, known.write_id):
             self._refuse_if_not_ours(key)
             return False
         self.bytes_written += len(body)
         appended = known.appended_bytes + len(body)
         with self._lock:
-            self._known[key] = _Known(version + 1, state, known.base_version, appended, known.state_bytes)
+            self._known[key] = _Known(version + 1, state, known.base_version, appended, known.state_bytes, write_id)
         if self.should_fold(appended, known.state_bytes):
-            self._fold(key, state, version + 1, known.base_version)
+            self._fold(key, state, version + 1, known.base_version, write_id)
         return True
 
-    def _insert_after(self, key: str, version: int, body: str) -> bool:
-        """Insert log row ``version + 1`` if no one has, and the base row is ours, of this schema, and not yet
-        past ``version`` (see the module docstring: a fold may have deleted a row ``version + 1`` already)."""
+    def _insert_after(self, key: str, version: int, body: str, write_id: str, previous_id: str | None) -> bool:
+        """Insert log row ``version + 1`` if no one has, the base row is ours, of this schema, and not yet past
+        ``version`` (see the module docstring: a fold may have deleted a row ``version + 1`` already), and row
+        ``version`` is still the one this writer built on (``previous_id``; None: no row holds it with an id)."""
         t, log = self._table, self._log
         base = select(t.c.key).where(
             t.c.key == key,
@@ -277,11 +389,21 @@ class LoggedSqlStateStore(SqlStateStore):
             t.c.kind == STATE_KIND,
             t.c.schema_version == SCHEMA_VERSION,
         )
+        holding = (log.c.key == key) & (log.c.version == version)
+        if previous_id is None:
+            built_on = ~exists(select(log.c.key).where(holding, log.c.write_id.is_not(None)))
+        else:
+            built_on = exists(select(log.c.key).where(holding, log.c.write_id == previous_id))
         insert = pg_dialect.insert if self._is_postgres else sqlite_dialect.insert
-        row = select(literal(key), literal(version + 1, BigInteger), literal(body))
+        row = select(
+            literal(key), literal(version + 1, BigInteger), literal(body), literal(write_id), literal(previous_id, Text)
+        )
         stmt = (
             insert(log)
-            .from_select(["key", "version", "body"], row.where(base.with_for_update(read=True).exists()))
+            .from_select(
+                ["key", "version", "body", "write_id", "previous_id"],
+                row.where(base.with_for_update(read=True).exists(), built_on),
+            )
             .on_conflict_do_nothing(index_elements=["key", "version"])
             .returning(log.c.version)
         )
@@ -311,7 +433,7 @@ class LoggedSqlStateStore(SqlStateStore):
                 self._known[key] = _Known(version + 1, state, version + 1, 0, len(body))
         return written
 
-    def _fold(self, key: str, state: GroupState, version: int, previous_base: int) -> None:
+    def _fold(self, key: str, state: GroupState, version: int, previous_base: int, write_id: str) -> None:
         """Write the state at ``version`` as the base row, then drop the rows the previous base covered.
 
         Conditional on the base row still being the one this writer built on, so of two members folding at
@@ -332,7 +454,7 @@ class LoggedSqlStateStore(SqlStateStore):
         self.bytes_written += len(body)
         self.folds += 1
         with self._lock:
-            self._known[key] = _Known(version, state, version, 0, len(body))
+            self._known[key] = _Known(version, state, version, 0, len(body), write_id)
 
     def _refuse_if_not_ours(self, key: str) -> None:
         """A refused append is a conflict, unless the base row is not a state this version may build on."""

@@ -69,11 +69,24 @@ from pydantic import ValidationError
 from v3io.dataplane.response import HttpResponseError
 
 from dagster_streamgroup.protocol import delta
-from dagster_streamgroup.protocol.codec import ForeignStateError, NewerSchemaError, decode_state, encode_state
+from dagster_streamgroup.protocol.codec import (
+    ForeignStateError,
+    NewerSchemaError,
+    StateFormatError,
+    decode_state,
+    encode_state,
+)
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
-from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
+from dagster_streamgroup.stores.base import (
+    StateDamagedError,
+    StateToken,
+    StoreConfigError,
+    StoreUnavailableError,
+    reason,
+)
 from dagster_streamgroup.stores.v3io_log import (
     LINEAGE,
+    LOG_MARK,
     VERSION,
     KeyRange,
     LogToken,
@@ -90,7 +103,13 @@ from dagster_streamgroup.stores.v3io_log import (
     parse_token,
     should_fold,
 )
-from dagster_streamgroup.streams.v3io_config import V3ioConnection, normalise_path, parse_stream_id
+from dagster_streamgroup.streams.v3io_config import (
+    CONTAINER_NOT_FOUND,
+    V3ioConnection,
+    missing_container,
+    normalise_path,
+    parse_stream_id,
+)
 
 PART_CHARS = 60_000
 """Characters per string attribute, below the v3io client's limit of 61,199."""
@@ -215,7 +234,15 @@ class _Known:
 
 
 class _GapError(Exception):
-    """What this reader got does not join up: log items folded meanwhile, or a base item replaced. Read again."""
+    """What this reader got does not join up: log items folded meanwhile, or a base item replaced. Read again.
+
+    ``missing`` names the item the reader looked for and did not find, and ``base`` the base item it read
+    (lineage and mtime): the same item missing twice under an unchanged base item is not a fold but damage."""
+
+    def __init__(self, missing: str = "", base: object = None) -> None:
+        super().__init__(missing)
+        self.missing = missing
+        self.base = base
 
 
 _GUARD = [KIND, SCHEMA, PARTS, VERSION, LINEAGE, "__mtime_secs", "__mtime_nsecs"]
@@ -315,6 +342,18 @@ class V3ioStateStore:
         container, directory, item = location
         return f"{self._name} key {key!r} (item {container}/{directory}/{item})"
 
+    def _damaged(self, key: str, location: tuple[str, str, str], what: str) -> StateDamagedError:
+        """The error for a state with part of it deleted or overwritten: reading on would go back to an older
+        state, so nothing is read or written until an operator restores the item or lets the state go."""
+        container, directory, item = location
+        return StateDamagedError(
+            f"{self._where(key, location)}: {what}; reading on would roll the group back to an older state, so "
+            f"the store is refusing to read or write it. Restore the item, or delete the state's items "
+            f"({container}/{directory}/{item} and every {item}{LOG_MARK}* beside it): the group then starts "
+            "again from the offsets mirrored in the stream's shard attributes, and ranges committed since the "
+            "last mirror run again"
+        )
+
     # -- requests -------------------------------------------------------------------------------------------
 
     def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
@@ -325,6 +364,11 @@ class V3ioStateStore:
 
     def _unexpected(self, what: str, response: Any) -> StoreUnavailableError:
         body = response.body.decode("utf-8", "replace") if isinstance(response.body, bytes) else str(response.body)
+        if missing_container(response):
+            return StoreUnavailableError(
+                f"state store {self._name}: cannot {what}: the container {self.connection.container!r} does not "
+                f"exist (the platform answered '{CONTAINER_NOT_FOUND}'); check the store's container"
+            )
         return StoreUnavailableError(
             f"state store {self._name}: cannot {what}: status {response.status_code}: {body[:300]}"
         )
@@ -332,7 +376,7 @@ class V3ioStateStore:
     def _get(self, key: str, location: tuple[str, str, str], names: list[str]) -> dict[str, Any] | None:
         container, directory, item = location
         response = self._call(f"load {key!r}", self._client.kv.get, container, directory, item, attribute_names=names)
-        if response.status_code == 404:
+        if response.status_code == 404 and not missing_container(response):
             return None
         if response.status_code != 200:
             raise self._unexpected(f"load {key!r}", response)
@@ -371,7 +415,7 @@ class V3ioStateStore:
                 attribute_names=names, marker=marker, sharding_key=key_range.sharding_key,
                 sort_key_range_start=key_range.start, sort_key_range_end=key_range.end,
             )  # fmt: skip
-            if response.status_code == 404:
+            if response.status_code == 404 and not missing_container(response):
                 return items
             if response.status_code != 200:
                 raise self._unexpected(f"read the log of {key!r}", response)
@@ -383,25 +427,35 @@ class V3ioStateStore:
     def _delete(self, key: str, location: tuple[str, str, str]) -> None:
         container, directory, item = location
         response = self._call(f"delete a log item of {key!r}", self._client.kv.delete, container, directory, item)
-        if response.status_code not in (200, 204, 404):
+        if response.status_code not in (200, 204, 404) or missing_container(response):
             raise self._unexpected(f"delete a log item of {key!r}", response)
 
     # -- reading --------------------------------------------------------------------------------------------
 
     def load(self, key: str) -> tuple[GroupState | None, StateToken | None]:
         location = state_location(key, self.connection.container, self.directory)
+        previous: _GapError | None = None
         for _ in range(MAX_GAP_RETRIES):
             with self._lock:
                 names = _GUARD if key in self._known else ["**"]  # a store that holds nothing reads it all
             try:
                 known = self._read(key, location, self._get(key, location, names))
-            except _GapError:
+            except _GapError as gap:
                 with self._lock:
                     self._known.pop(key, None)
+                if (
+                    gap.missing
+                    and previous is not None
+                    and (gap.missing, gap.base) == (previous.missing, previous.base)
+                ):
+                    raise self._damaged(key, location, f"{gap.missing} is missing") from None
+                previous = gap
                 continue
             if known is None:
                 return None, None
             return known.state, known.token
+        if previous is not None and previous.missing:
+            raise self._damaged(key, location, f"{previous.missing} is missing")
         raise StoreUnavailableError(
             f"state store {self._name}: cannot load {key!r}: its log was folded under every one of "
             f"{MAX_GAP_RETRIES} reads"
@@ -440,7 +494,12 @@ class V3ioStateStore:
         if item is None or not _logged(item) or item[LINEAGE] != lineage:
             raise _GapError()
         where = self._where(key, location)
-        state = decode_state(decode_attributes(item, where=where), where=where)
+        try:
+            state = decode_state(decode_attributes(item, where=where), where=where)
+        except NewerSchemaError:
+            raise
+        except StateFormatError as exc:  # marked as ours (``_logged``), yet unreadable: damaged, not foreign
+            raise self._damaged(key, location, f"the base item cannot be read ({reason(exc)})") from exc
         version = int(item[VERSION])
         return _Known(lineage, version, state, version, _mtime(item), 0, _body_size(item))
 
@@ -452,12 +511,35 @@ class V3ioStateStore:
         at = (container, directory, head_item(item, lineage))
         found = self._get(key, at, [HEAD, HEAD_ID])
         if found is None:
+            self._check_head_never_written(key, location, lineage, base_version)
             first = _head_attributes(lineage, base_version, new_write_id(), SCHEMA_VERSION)
             self._put(f"save {key!r}", at, first, f"not(exists({HEAD}))", None)
             found = self._get(key, at, [HEAD, HEAD_ID])
         if found is None or not isinstance(found.get(HEAD), int) or not isinstance(found.get(HEAD_ID), str):
-            raise ForeignStateError(f"{self._where(key, at)}: not a head item of this store; refusing to write")
+            raise self._damaged(key, location, f"the head item {at[2]} does not name a version")
         return found[HEAD], found[HEAD_ID]
+
+    def _check_head_never_written(self, key: str, location: tuple[str, str, str], lineage: str, base: int) -> None:
+        """A missing head item is created only where none ever was: its creator stopped between the base item
+        and it, so the base is a lineage's first version and nothing was logged after it. Anywhere else it was
+        deleted, and creating it again at the base item's version would roll back every logged write."""
+        container, directory, item = location
+        logged = [
+            parsed
+            for entry in self._scan(key, (container, directory), log_range(item, lineage, 0), ["__name"])
+            if (parsed := parse_log_item(item, str(entry.get("__name", "")))) is not None and not parsed.is_head
+        ]
+        if base == 1 and not logged:
+            return
+        guard = self._get(key, location, [LINEAGE])
+        if guard is None or guard.get(LINEAGE) != lineage:  # the state was replaced meanwhile: read it again
+            raise _GapError()
+        newest = max((p.version for p in logged), default=base)
+        raise self._damaged(
+            key, location,
+            f"the head item {head_item(item, lineage)} is missing while the log holds versions up to {newest} "
+            f"(the base item is at version {base})",
+        )  # fmt: skip
 
     def _follow(
         self, key: str, location: tuple[str, str, str], start: _Known, head_version: int, head_id: str
@@ -491,8 +573,8 @@ class V3ioStateStore:
         write_id = head_id
         for version in range(head_version, start.version, -1):
             link = found.get((version, write_id))
-            if link is None or not isinstance(link.get(PREVIOUS), str):
-                raise _GapError()  # folded meanwhile
+            if link is None or not isinstance(link.get(PREVIOUS), str):  # folded meanwhile, or deleted
+                raise _GapError(f"the log item {log_item(item, start.lineage, version, write_id)}", start.base_mtime)
             chain.append(link)
             write_id = link[PREVIOUS]
         if start.write_id and write_id != start.write_id:
@@ -557,13 +639,15 @@ class V3ioStateStore:
                 f"{where}: written by a newer dagster-streamgroup (schema {schema} > {SCHEMA_VERSION}); "
                 "refusing to write"
             )
-        raw = json.loads(decode_attributes(entry, where=where))
-        if "state" in raw:
-            return decode_state(json.dumps(raw["state"]), where=where)
         try:
+            raw = json.loads(decode_attributes(entry, where=where))
+            if "state" in raw:
+                return decode_state(json.dumps(raw["state"]), where=where)
             change = delta.StateDelta.model_validate(raw["delta"])
+        except NewerSchemaError:
+            raise
         except Exception as exc:  # damaged, or a field this version does not know
-            raise ForeignStateError(f"{where}: the logged change cannot be read ({exc}); refusing to write") from exc
+            raise self._damaged(key, location, f"the log item {entry.get('__name')} cannot be read ({exc})") from exc
         if state.revision != change.base_revision:
             raise _GapError()  # a change computed from another state than the one read so far
         return delta.apply(state, change)

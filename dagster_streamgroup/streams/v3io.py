@@ -33,7 +33,12 @@ from dagster_streamgroup.streams.base import (
     StreamError,
     Watermarks,
 )
-from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig, check_group
+from dagster_streamgroup.streams.v3io_config import (
+    CONTAINER_NOT_FOUND,
+    V3ioStreamConfig,
+    check_group,
+    missing_container,
+)
 
 V3IO_ARROW_SCHEMA = pa.schema(
     [
@@ -125,12 +130,19 @@ class V3ioStream:
             raise StreamError(f"{self.config.stream_id}: {what} failed: {exc}") from exc
 
     def _fail(self, what: str, response: Any) -> StreamError:
+        if missing_container(response):
+            return StreamError(
+                f"{self.config.stream_id}: the container {self.container!r} does not exist (the platform answered "
+                f"{what} with '{CONTAINER_NOT_FOUND}'); check the resource's container"
+            )
         return StreamError(
             f"{self.config.stream_id}: {what} failed with status {response.status_code}: {_body(response)[:500]}"
         )
 
     def shard_count(self) -> int:
         response = self._call("DescribeStream", self.client.stream.describe, self.container, self.path)
+        if missing_container(response):
+            raise self._fail("DescribeStream", response)
         if response.status_code == 404:
             raise StreamError(f"{self.config.stream_id}: the stream does not exist (DescribeStream answered 404)")
         if response.status_code != 200:
@@ -144,7 +156,7 @@ class V3ioStream:
     def item_attributes(self, name: str, names: Sequence[str], *, what: str) -> dict[str, Any] | None:
         """Attributes of the item ``name`` in the stream's directory, or None when there is no such item."""
         response = self._call(what, self.client.kv.get, self.container, self.path, name, attribute_names=list(names))
-        if response.status_code == 404:
+        if response.status_code == 404 and not missing_container(response):
             return None
         if response.status_code != 200:
             raise self._fail(what, response)
@@ -352,7 +364,9 @@ class V3ioBackend:
         raise ForeignGroupError(
             f"{where}: the state item of consumer group {group!r} holds something that is not a dagster-streamgroup "
             f"group state; the group's {attribute} shard attributes may belong to another consumer, so they are "
-            "neither read nor moved. Use another group name."
+            "neither read nor moved. If the group is ours and the item was overwritten, restore it from a backup, "
+            "or delete it: the group then starts again from the offsets mirrored in those attributes. If another "
+            "application owns the group, give ours another group name."
         )
 
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:

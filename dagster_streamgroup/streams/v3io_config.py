@@ -25,13 +25,48 @@ _GROUP_RE = re.compile(r"^[A-Za-z0-9_]{1,128}$")
 
 
 def check_group(group: str) -> str:
-    """A consumer-group name usable in a v3io attribute name (v3io-go's ``__<group>_committed_...``)."""
+    """A consumer-group name usable in a v3io attribute name (v3io-go's ``__<group>_committed_...``).
+
+    Nuclio's own examples name groups like ``my-consumer-group``; the platform refuses ``-`` in attribute names,
+    so such a group cannot commit there either, and mapping it to another name would part us from the
+    attribute Nuclio's consumers of the same group use. So it is refused, with the name to use instead."""
     if not isinstance(group, str) or not _GROUP_RE.match(group):
+        suggestion = re.sub(r"[^A-Za-z0-9_]", "_", group)[:128] if isinstance(group, str) else ""
+        instead = f"; use {suggestion!r} instead" if _GROUP_RE.match(suggestion) else ""
         raise ValueError(
             f"group {group!r}: a v3io consumer-group name may hold only letters, digits and '_' (1-128 "
-            "characters), because it becomes part of the shard attribute __<group>_committed_sequence_number"
+            "characters), because it becomes part of the shard attribute __<group>_committed_sequence_number "
+            f"and v3io attribute names cannot hold other characters{instead}"
         )
     return group
+
+
+def nuclio_url_fields(value: str) -> str | None:
+    """The fields to write for a Nuclio v3io-stream trigger URL (``http://HOST:PORT/CONTAINER/STREAM@GROUP``, or
+    its ``CONTAINER/STREAM@GROUP`` tail) given as one field, or None when ``value`` is not one.
+
+    Such a URL is refused rather than taken apart silently: its group may not be a valid one here, and the
+    fields say which stream and group this resource is, where a user reading the definitions looks."""
+    text = value.strip()
+    if "@" not in text:
+        return None
+    location, _, group = text.rpartition("@")
+    endpoint = ""
+    if "://" in location:
+        parts = urlsplit(location)
+        endpoint, location = f"{parts.scheme}://{parts.netloc}", parts.path
+    pieces = [p for p in location.split("/") if p]
+    if len(pieces) < 2 or not group or "/" in group:
+        return None
+    named = [f"endpoint={endpoint!r}"] if endpoint else []
+    named += [f"container={pieces[0]!r}", f"stream_path={'/'.join(pieces[1:])!r}"]
+    suggestion = re.sub(r"[^A-Za-z0-9_]", "_", group)
+    note = "" if suggestion == group else f" (not {group!r}: a v3io group name holds only letters, digits and '_')"
+    named.append(f"group={suggestion!r}{note}")
+    return (
+        f"{value!r} is a Nuclio v3io-stream trigger URL (http://HOST:PORT/CONTAINER/STREAM@GROUP); give its parts "
+        f"as fields: {', '.join(named)}"
+    )
 
 
 def normalise_endpoint(value: str) -> str:
@@ -83,6 +118,9 @@ class V3ioConnection(BaseModel):
     @field_validator("endpoint")
     @classmethod
     def _check_endpoint(cls, value: str) -> str:
+        hint = nuclio_url_fields(value)
+        if hint is not None:
+            raise ValueError(hint)
         return normalise_endpoint(value)
 
     @field_validator("container")
@@ -138,6 +176,9 @@ class V3ioStreamConfig(V3ioConnection):
     @field_validator("stream_path")
     @classmethod
     def _check_stream_path(cls, value: str) -> str:
+        hint = nuclio_url_fields(value)
+        if hint is not None:
+            raise ValueError(hint)
         return normalise_path(value, what="stream_path")
 
     @property
@@ -163,3 +204,16 @@ def parse_stream_id(text: str) -> tuple[str, str] | None:
         return container, normalise_path(path, what="stream path")
     except ValueError:
         return None
+
+
+CONTAINER_NOT_FOUND = "Container not found"
+"""What the platform's 404 body says when the container, not the item or stream, is missing."""
+
+
+def missing_container(response: Any) -> bool:
+    """A 404 about the container itself: never to be read as an absent item, shard or stream."""
+    if response.status_code != 404:
+        return False
+    body = response.body
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    return CONTAINER_NOT_FOUND in text

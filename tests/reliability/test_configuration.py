@@ -188,6 +188,32 @@ def test_a_v3io_connection_field_is_named(overrides: dict[str, Any], field: str)
 
 
 @pytest.mark.parametrize(
+    ("overrides", "fields"),
+    [
+        (
+            {"endpoint": "http://v3io-webapi:8081/bigdata/my-stream@my-consumer-group"},
+            "endpoint='http://v3io-webapi:8081', container='bigdata', stream_path='my-stream', "
+            "group='my_consumer_group'",
+        ),
+        ({"stream_path": "bigdata/a/clicks@cg"}, "container='bigdata', stream_path='a/clicks', group='cg'"),
+    ],
+    ids=["endpoint", "stream_path"],
+)
+def test_a_nuclio_trigger_url_is_refused_with_the_fields_to_write(overrides: dict[str, Any], fields: str) -> None:
+    """Nuclio's v3io-stream trigger takes one URL, ``http://HOST:PORT/CONTAINER/STREAM@GROUP``: a user bringing it
+    here is told the fields it stands for (and a group name the platform accepts), not that a path is invalid."""
+    text = refused(lambda: v3io(**overrides), "Nuclio v3io-stream trigger URL")
+    assert fields in text, text
+
+
+def test_nuclios_example_group_name_is_refused_with_the_name_to_use() -> None:
+    """``my-consumer-group`` (Nuclio's documented example) cannot name a v3io attribute: the error says so and
+    gives the name to use."""
+    text = refused(lambda: v3io(group="my-consumer-group"), "group")
+    assert "use 'my_consumer_group' instead" in text and "attribute names cannot hold" in text, text
+
+
+@pytest.mark.parametrize(
     ("overrides", "field"),
     [
         ({"remote": "sc://127.0.0.1:0"}, "remote"),
