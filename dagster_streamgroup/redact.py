@@ -211,6 +211,8 @@ def _read_postgres_url(text: str, scheme: str) -> Reading:
     query = [(k, v) for k, values in url.query.items() for v in ((values,) if isinstance(values, str) else values)]
     if any(k not in keys for k, _ in query) or (url.host is not None and not _HOST.match(url.host)):
         return _unreadable(text, scheme_only)
+    if any("=" not in p for p in text.partition("?")[2].split("&") if p):
+        return _unreadable(text, scheme_only)  # a parameter SQLAlchemy drops (libpq refuses it): a typo
     if text.count("@") > (0 if url.username is None and url.password is None else 1):
         return _unreadable(text, scheme_only)  # an @ of a password that ended up in the database name
     effective = {"user": url.username or "", "password": url.password or "", "host": url.host or ""}
