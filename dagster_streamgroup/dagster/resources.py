@@ -266,10 +266,15 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
 
     secret_fields: ClassVar[Mapping[str, str | None]] = {}
     """Fields that hold a secret, each with the field of a mounted file that may hold it instead."""
+    connection_string_fields: ClassVar[tuple[str, ...]] = ("store_url",)
+    """Fields holding a URL that may carry a secret (a password, a token): ``redact`` shows them, and a literal
+    one holding a secret is refused when the definitions load."""
 
     def get_resource_definition(self) -> Any:
         """Dagster's definition of this resource, once no secret is a literal (``literal_secrets``)."""
-        refuse_literal_secrets(self, self.secret_fields, ("store_url",), keywords=(STORE_NEXT_TO_STREAM,))
+        refuse_literal_secrets(
+            self, self.secret_fields, self.connection_string_fields, keywords=(STORE_NEXT_TO_STREAM,)
+        )
         return super().get_resource_definition()
 
     def policy(self) -> GroupPolicy:
