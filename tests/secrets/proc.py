@@ -94,7 +94,7 @@ class CommandLineSampler:
         self.sample()
 
     def add_to(self, evidence: Evidence) -> None:
-        for line, pid in self.lines.items():
+        for line, pid in list(self.lines.items()):  # a copy: the sampling thread may still add
             name = line.split(b"\0", 1)[0].decode(errors="replace")
             evidence.add(f"/proc/{pid}/cmdline ({name})", line)
 
