@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, stream_asset
+from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, member_sensors, stream_asset
 from tests.secrets.names import REFUSED_BOOTSTRAP_ENV, REFUSED_GROUP_ENV, REFUSED_STORE_URL_ENV, REFUSED_TOPIC_ENV
 
 if TYPE_CHECKING:
@@ -41,5 +41,6 @@ defs = dg.Definitions(
             heartbeat_interval_s=3,
             session_timeout_s=15,
         ),
+        "pyspark": StreamSparkResource(master="local[1]"),
     },
 )

@@ -298,12 +298,16 @@ def test_search_reports_a_planted_secret(tmp_path: Path) -> None:
     assert find_secrets(evidence, {"planted": secret}) == []
     evidence.add("a log line", f"ERROR connect failed with password={secret}")
     evidence.add("a debug dump", f"header: {needles(secret)['base64@1'].decode()}")
+    evidence.add("a URL", f"postgresql://u:{quote(secret, safe='')}@h/db")
+    evidence.add("a JSON document", json.dumps({"detail": f"password {secret}"}).replace("/", "\\/"))
     (tmp_path / "nested").mkdir()
     (tmp_path / "nested" / "events.db").write_bytes(b"\x00\x01" + secret.encode().hex().encode() + b"\x02")
     evidence.add_tree(tmp_path)
     found = {(f.where, f.encoding) for f in find_secrets(evidence, {"planted": secret})}
     assert ("a log line", "raw") in found
     assert any(where == "a debug dump" and enc.startswith("base64") for where, enc in found)
+    assert ("a URL", "url-quoted") in found  # the secret has punctuation: quoted, it is another string
+    assert ("a JSON document", "json, / escaped") in found
     assert (str(tmp_path / "nested" / "events.db"), "hex") in found
 
 
