@@ -178,6 +178,8 @@ class SqlStateStore:
         return engine
 
     def _unavailable(self, action: str, exc: DBAPIError) -> StoreUnavailableError:
+        """The error to raise ``from None``: it carries the driver's message scrubbed of the URL's secrets, and
+        the driver's exception chained to it would be shown unscrubbed (Dagster shows an error's causes)."""
         detail = scrub(str(exc.orig) if exc.orig is not None else type(exc).__name__, self._secrets)
         return StoreUnavailableError(f"state store {self._safe_url}: cannot {action}: {detail.strip()}")
 
@@ -194,7 +196,7 @@ class SqlStateStore:
                 exists = False
             if not exists:
                 self._engine.dispose()
-                raise self._unavailable("create its table", exc) from exc
+                raise self._unavailable("create its table", exc) from None
 
     def _where(self, key: str) -> str:
         return f"{self._safe_url} key {key!r}"
@@ -205,7 +207,7 @@ class SqlStateStore:
             with self._engine.connect() as conn:
                 row = conn.execute(select(t.c.version, t.c.body).where(t.c.key == key)).one_or_none()
         except _UNREACHABLE as exc:
-            raise self._unavailable(f"load {key!r}", exc) from exc
+            raise self._unavailable(f"load {key!r}", exc) from None
         if row is None:
             return None, None
         return decode_state(row.body, where=self._where(key)), str(row.version)
@@ -217,7 +219,7 @@ class SqlStateStore:
                 return self._create(key, state, body)
             return self._update(key, state, body, _parse_token(token))
         except _UNREACHABLE as exc:
-            raise self._unavailable(f"save {key!r}", exc) from exc
+            raise self._unavailable(f"save {key!r}", exc) from None
 
     def _create(self, key: str, state: GroupState, body: str) -> bool:
         values = {
@@ -279,7 +281,7 @@ class SqlStateStore:
             with self._engine.connect() as conn:
                 value = conn.execute(select(func.extract("epoch", func.clock_timestamp()))).scalar_one()
         except _UNREACHABLE as exc:
-            raise self._unavailable("read its clock", exc) from exc
+            raise self._unavailable("read its clock", exc) from None
         return float(value)
 
     def close(self) -> None:

@@ -149,7 +149,7 @@ class LoggedSqlStateStore(SqlStateStore):
                     self._known.pop(key, None)
                 continue
             except _UNREACHABLE as exc:
-                raise self._unavailable(f"load {key!r}", exc) from exc
+                raise self._unavailable(f"load {key!r}", exc) from None
             if known is None:
                 return None, None
             return known.state, str(known.version)
@@ -239,7 +239,7 @@ class LoggedSqlStateStore(SqlStateStore):
                 return created
             return self._append(key, state, _parse_token(token))
         except _UNREACHABLE as exc:
-            raise self._unavailable(f"save {key!r}", exc) from exc
+            raise self._unavailable(f"save {key!r}", exc) from None
 
     def _append(self, key: str, state: GroupState, version: int) -> bool:
         with self._lock:
