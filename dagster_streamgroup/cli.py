@@ -91,7 +91,8 @@ def local_kafka(host: str, port: int, data: Path | None, sasl_user: str | None) 
     "--access-key",
     envvar="STREAMGROUP_V3IO_ACCESS_KEY",
     default=None,
-    help="Require this access key (also from STREAMGROUP_V3IO_ACCESS_KEY); otherwise any non-empty key passes.",
+    help="Require this access key; otherwise any non-empty key passes. Give it in STREAMGROUP_V3IO_ACCESS_KEY: a "
+    "command line is visible to every local user.",
 )
 def local_v3io(host: str, port: int, data: Path, access_key: str | None) -> None:
     """Run the local v3io-compatible server in the foreground until Ctrl-C."""
