@@ -62,20 +62,20 @@ def local() -> None:
     default=None,
     metavar="NAME",
     help="Add a SASL_SSL listener (SCRAM-SHA-512, a throw-away CA) with this user; its password is read from "
-    "STREAMGROUP_KAFKA_SASL_PASSWORD.",
+    "STREAMGROUP_KAFKA_SASL_PASSWORD (the broker's JVM does not get the variable).",
 )
 def local_kafka(host: str, port: int, data: Path | None, sasl_user: str | None) -> None:
     """Run a local Apache Kafka broker (KRaft, one node, from the jars `scripts/setup.sh` fetched) in the
     foreground until Ctrl-C."""
     import os
 
-    from dagster_streamgroup.local.kafka_broker import BrokerStartError, serve
+    from dagster_streamgroup.local.kafka_broker import SASL_PASSWORD_ENV, BrokerStartError, serve
 
     users: dict[str, str] = {}
     if sasl_user is not None:
-        password = os.environ.get("STREAMGROUP_KAFKA_SASL_PASSWORD", "")
+        password = os.environ.get(SASL_PASSWORD_ENV, "")
         if not password:
-            raise click.UsageError("--sasl-user needs the password in STREAMGROUP_KAFKA_SASL_PASSWORD")
+            raise click.UsageError(f"--sasl-user needs the password in {SASL_PASSWORD_ENV}")
         users[sasl_user] = password
     try:
         serve(host=host, port=port, data_dir=data, sasl_users=users)
@@ -91,7 +91,8 @@ def local_kafka(host: str, port: int, data: Path | None, sasl_user: str | None) 
     "--access-key",
     envvar="STREAMGROUP_V3IO_ACCESS_KEY",
     default=None,
-    help="Require this access key (also from STREAMGROUP_V3IO_ACCESS_KEY); otherwise any non-empty key passes.",
+    help="Require this access key; otherwise any non-empty key passes. Give it in STREAMGROUP_V3IO_ACCESS_KEY: a "
+    "command line is visible to every local user.",
 )
 def local_v3io(host: str, port: int, data: Path, access_key: str | None) -> None:
     """Run the local v3io-compatible server in the foreground until Ctrl-C."""

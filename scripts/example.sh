@@ -8,14 +8,18 @@
 # starting a JVM; SPARK=local gives every run its own local[2] session.
 # STREAM=v3io runs the same example on a v3io stream of 8 shards (CLICKSTREAM_PARTITIONS) instead: the local
 # v3io-compatible server (data in ./dagster_home/v3io-data, so it too starts empty) requires an access key
-# generated for this start, handed to every process in V3IO_ACCESS_KEY only; the group state is a KV item
-# next to the stream. The key is also left in ./dagster_home/v3io-access-key (mode 600) for the CLI:
+# generated for this start, handed only to the processes that use it, in V3IO_ACCESS_KEY; the group state is
+# a KV item next to the stream. The key is also left in ./dagster_home/v3io-access-key (mode 600) for the CLI:
 #   V3IO_ACCESS_KEY=$(cat dagster_home/v3io-access-key) CLICKSTREAM_STREAM=v3io CLICKSTREAM_V3IO_API=... \
 #     .venv/bin/streamgroup status --group clickstream
 # DAGSTER_STORAGE=postgres keeps the Dagster instance's runs, events and schedules in a temporary PostgreSQL
 # server on 127.0.0.1 (deleted on stop) instead of SQLite files in ./dagster_home: ./dagster_home/dagster.yaml
 # is ./dagster.yaml plus a storage block whose password is read from DAGSTER_PG_PASSWORD, generated for this
 # start and handed to the processes in the environment only.
+# Each secret reaches only the processes that use it, in their environment (never a command line): the instance
+# database's password the PostgreSQL helper and `dagster dev`; the v3io key the v3io server, the producer and
+# `dagster dev`. The broker and the Spark Connect server get neither.
+# EXAMPLE_HOME=DIR keeps the instance and the servers' data in DIR instead of ./dagster_home (emptied too).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DAGSTER_STORAGE=${DAGSTER_STORAGE:-sqlite}
@@ -32,7 +36,17 @@ case "$SPARK" in connect|local) ;; *) echo "example: SPARK must be connect or lo
 STREAM=${STREAM:-kafka}
 case "$STREAM" in kafka|v3io) ;; *) echo "example: STREAM must be kafka or v3io, got '$STREAM'" >&2; exit 2 ;; esac
 KAFKA_PORT=${KAFKA_PORT:-$(.venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import free_port; print(free_port())')}
-export DAGSTER_HOME="$PWD/dagster_home"
+export DAGSTER_HOME="${EXAMPLE_HOME:-$PWD/dagster_home}"
+unset DAGSTER_PG_PASSWORD V3IO_ACCESS_KEY  # generated below, for the processes that use them only
+pg_password=""
+v3io_key=""
+start_with_secrets() {  # COMMAND...: start it in the background ($! is its PID) with this start's secrets
+  {
+    if [ -n "$pg_password" ]; then export DAGSTER_PG_PASSWORD="$pg_password"; fi
+    if [ -n "$v3io_key" ]; then export V3IO_ACCESS_KEY="$v3io_key"; fi
+    exec "$@"
+  } &
+}
 export CLICKSTREAM_STREAM="$STREAM"
 export CLICKSTREAM_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 export CLICKSTREAM_OUTPUT="${CLICKSTREAM_OUTPUT:-$PWD/output/clickstream}"
@@ -73,9 +87,9 @@ PY
 }
 
 if [ "$DAGSTER_STORAGE" = postgres ]; then  # started first, stopped last; it writes $DAGSTER_HOME/dagster.yaml
-  DAGSTER_PG_PASSWORD=$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(24))')
-  export DAGSTER_PG_PASSWORD
-  .venv/bin/python -m dagster_streamgroup.local.dagster_storage --home "$DAGSTER_HOME" --base dagster.yaml &
+  pg_password=$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(24))')
+  DAGSTER_PG_PASSWORD="$pg_password" .venv/bin/python -m dagster_streamgroup.local.dagster_storage \
+    --home "$DAGSTER_HOME" --base dagster.yaml &
   storage_pid=$!
   pids+=("$storage_pid")
 fi
@@ -96,21 +110,20 @@ else
   export CLICKSTREAM_V3IO_CONTAINER="${CLICKSTREAM_V3IO_CONTAINER:-bigdata}"
   export CLICKSTREAM_V3IO_STREAM_PATH="${CLICKSTREAM_V3IO_STREAM_PATH:-clicks}"
   export CLICKSTREAM_PARTITIONS="${CLICKSTREAM_PARTITIONS:-8}"
-  V3IO_ACCESS_KEY=$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')
-  export V3IO_ACCESS_KEY
-  (umask 077 && printf '%s\n' "$V3IO_ACCESS_KEY" >"$DAGSTER_HOME/v3io-access-key")
-  STREAMGROUP_V3IO_ACCESS_KEY="$V3IO_ACCESS_KEY" .venv/bin/streamgroup local v3io --host 127.0.0.1 \
+  v3io_key=$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')
+  (umask 077 && printf '%s\n' "$v3io_key" >"$DAGSTER_HOME/v3io-access-key")
+  STREAMGROUP_V3IO_ACCESS_KEY="$v3io_key" .venv/bin/streamgroup local v3io --host 127.0.0.1 \
     --port "$V3IO_PORT" --data "$DAGSTER_HOME/v3io-data" &
   pids+=($!)
   wait_for_port "$V3IO_PORT" 30 "the v3io server"
-  .venv/bin/python - <<PY
+  V3IO_ACCESS_KEY="$v3io_key" .venv/bin/python - <<PY
 from jobs.clickstream_events import ensure_v3io_stream, v3io_client
 client = v3io_client("$CLICKSTREAM_V3IO_API")  # the key comes from V3IO_ACCESS_KEY
 path = "$CLICKSTREAM_V3IO_STREAM_PATH"
 shards = ensure_v3io_stream(client, "$CLICKSTREAM_V3IO_CONTAINER", path, $CLICKSTREAM_PARTITIONS)
 print(f"example: v3io stream $CLICKSTREAM_V3IO_CONTAINER/{path} with {shards} shards")
 PY
-  .venv/bin/python -m jobs.clickstream_events --stream v3io --v3io-api "$CLICKSTREAM_V3IO_API" \
+  V3IO_ACCESS_KEY="$v3io_key" .venv/bin/python -m jobs.clickstream_events --stream v3io --v3io-api "$CLICKSTREAM_V3IO_API" \
     --container "$CLICKSTREAM_V3IO_CONTAINER" --stream-path "$CLICKSTREAM_V3IO_STREAM_PATH" \
     --partitions "$CLICKSTREAM_PARTITIONS" --rate "$RATE" &
   pids+=($!)
@@ -133,7 +146,7 @@ fi
 # dagster dev warns that ./dagster.yaml is not used: its copy in $DAGSTER_HOME (above) is.
 echo "example: instance settings (one run per shard at a time) from dagster.yaml, copied to $DAGSTER_HOME" \
   "(storage: $DAGSTER_STORAGE)"
-.venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT" &
+start_with_secrets .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT"
 pids+=($!)
 if [ "$STREAM" = kafka ]; then
   echo "example: Dagster UI on http://127.0.0.1:$PORT (broker $CLICKSTREAM_BOOTSTRAP); Ctrl-C stops everything"

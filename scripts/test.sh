@@ -39,7 +39,7 @@ fi
 echo "test: pytest"
 .venv/bin/pytest -m "not spark_connect and not own_process"
 # The secrets search over a whole deployment, in a process of its own (a whole deployment with its own broker,
-# Connect server and PostgreSQL role, about 3 minutes).
+# Connect server and PostgreSQL role, about 3 minutes), and over what scripts/example.sh starts (about a minute).
 echo "test: pytest, the tests that run in a process of their own"
 .venv/bin/pytest -m "own_process and not spark_connect"
 # PySpark allows no Spark Connect session in a process that runs a classic one, as the tests above do.

@@ -34,6 +34,7 @@ from pydantic.fields import FieldInfo
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.assets import StreamFn, stream_asset, stream_freshness_policy
 from dagster_streamgroup.dagster.resources import (
+    STORE_NEXT_TO_STREAM,
     KafkaStreamGroup,
     StreamGroupResource,
     V3ioStreamGroup,
@@ -41,7 +42,7 @@ from dagster_streamgroup.dagster.resources import (
 )
 from dagster_streamgroup.dagster.sensors import check_tick_interval, member_sensors
 from dagster_streamgroup.dagster.spark_session import StreamSparkResource
-from dagster_streamgroup.stores.sql import safe_url
+from dagster_streamgroup.redact import read
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig
 
@@ -171,15 +172,19 @@ class ResourceAttributes:
                 self,
             )
         value = context.at_path(name).resolve_value(raw)
-        if name == "store_url" and isinstance(value, str) and safe_url(value) != value:
-            raise located_error(
-                context,
-                path,
-                name,
-                "store_url: this URL holds a password: give the whole URL as {env: NAME} (it would otherwise be "
-                "kept in the resource configuration the UI shows)",
-                self,
-            )
+        if name in _CONNECTION_STRINGS and isinstance(value, str) and value != STORE_NEXT_TO_STREAM:
+            # A string that is no URL (a DSN) or cannot be read is refused by the resource's own check, unquoted.
+            reading = read(value)
+            if reading.well_formed and reading.secrets and "://" in value:
+                raise located_error(
+                    context,
+                    path,
+                    name,
+                    f"{name}: this URL holds a secret (a password in its user info, or a parameter such as "
+                    "password=, sslpassword= or token=): give the whole URL as {env: NAME} (it would otherwise be "
+                    "kept in the resource configuration the UI shows and every run stores)",
+                    self,
+                )
         return value
 
 
@@ -226,8 +231,9 @@ def located_error(
     return ComponentConfigError(f"{text}\n{snippet}" if snippet else text)
 
 
-_CONNECTION_STRINGS = frozenset({"store_url"})
-"""Besides the stream connection's own fields, the state store's URL, which may hold a password."""
+_CONNECTION_STRINGS = frozenset({"store_url", "remote"})
+"""Besides the stream connection's own fields, the URLs that may hold a secret: the state store's (a password),
+a Spark Connect server's (``;token=``)."""
 
 KAFKA_ATTRIBUTES = ResourceAttributes(
     KafkaStreamGroup,

@@ -11,20 +11,21 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dagster_streamgroup.dagster.literal_secrets import refuse_literal_secrets
 from dagster_streamgroup.extras import require
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
+from dagster_streamgroup.redact import redact
 from dagster_streamgroup.stores.base import StateStore, StoreConfigError, state_key
 from dagster_streamgroup.stores.factory import check_store_url, open_store
-from dagster_streamgroup.stores.sql import safe_url
 from dagster_streamgroup.streams.base import StreamBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamConfig, check_group
@@ -200,6 +201,27 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     def _from_env_var(self, name: str) -> bool:
         return name in _env_var_fields.get()
 
+    def _at_load(self, name: str) -> tuple[str | None, str]:
+        """A field's value as the definitions load, and how an error names it: a literal as itself; an EnvVar's
+        value if its variable is set now (the code location's process is where the ticks and runs resolve it),
+        else ``None`` (it is checked where it resolves)."""
+        value = getattr(self, name)
+        if not self._from_env_var(name):
+            return value, name
+        return os.environ.get(value), f"{name} (from the environment variable {value})"
+
+    def _values_at_load(self, names: Iterable[str]) -> dict[str, Any] | None:
+        """The EnvVar fields among ``names`` with their values as the definitions load; ``None`` if one of their
+        variables is not set yet."""
+        values = {}
+        for name in names:
+            if self._from_env_var(name):
+                value, _ = self._at_load(name)
+                if value is None:
+                    return None
+                values[name] = value
+        return values
+
     @field_validator("heartbeat_interval_s")
     @classmethod
     def _whole_seconds(cls, value: float) -> float:
@@ -226,20 +248,34 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
                 f"pass skips the member), got {self.tick_wait_s:g}"
             )
         self.policy()
-        if self.store_url is not None and not self._from_env_var("store_url"):
-            self._check_store_url(self.store_url)
+        url, field = self._at_load("store_url")
+        if url is not None:
+            self._check_store_url(url, field)
         return self
 
-    def _check_store_url(self, url: str) -> None:
+    def _check_store_url(self, url: str, field: str = "store_url") -> None:
         if url == STORE_NEXT_TO_STREAM:
             raise StreamGroupConfigError(
-                f"store_url: {url!r} keeps the state next to a v3io stream; {type(self).__name__} has none "
+                f"{field}: {url!r} keeps the state next to a v3io stream; {type(self).__name__} has none "
                 "(use sqlite:///PATH or postgresql://...)"
             )
         try:
-            check_store_url(url)
+            check_store_url(url, field=field)
         except StoreConfigError as exc:
             raise StreamGroupConfigError(str(exc)) from None
+
+    secret_fields: ClassVar[Mapping[str, str | None]] = {}
+    """Fields that hold a secret, each with the field of a mounted file that may hold it instead."""
+    connection_string_fields: ClassVar[tuple[str, ...]] = ("store_url",)
+    """Fields holding a URL that may carry a secret (a password, a token): ``redact`` shows them, and a literal
+    one holding a secret is refused when the definitions load."""
+
+    def get_resource_definition(self) -> Any:
+        """Dagster's definition of this resource, once no secret is a literal (``literal_secrets``)."""
+        refuse_literal_secrets(
+            self, self.secret_fields, self.connection_string_fields, keywords=(STORE_NEXT_TO_STREAM,)
+        )
+        return super().get_resource_definition()
 
     def policy(self) -> GroupPolicy:
         try:
@@ -254,16 +290,17 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         url = self.resolved_store_url()
         if url.partition("://")[0].lower().startswith("postgres"):  # psycopg is the [postgres] extra's
             require("psycopg", "postgres", f"the PostgreSQL state store of group {self.group!r}")
-        return _cached(_stores, safe_url(url), url, lambda: open_store(url, field="store_url"))
+        return _cached(_stores, redact(url), url, lambda: open_store(url, field="store_url"))
 
     def backend(self) -> StreamBackend:
         raise NotImplementedError
 
-    def _connection_config(self, model: type[C]) -> C:
-        """The stream's connection model built from this resource's fields of the same names."""
+    def _connection_config(self, model: type[C], overrides: Mapping[str, Any] | None = None) -> C:
+        """The stream's connection model built from this resource's fields of the same names (``overrides``:
+        the values of fields given as EnvVars, as the definitions load)."""
         values: dict[str, Any] = {}
         for name in model.model_fields:
-            value = getattr(self, name, None)
+            value = (overrides or {}).get(name, getattr(self, name, None))
             if isinstance(value, dg.EnvVar):  # resolved when the resource is initialised in a tick or run
                 value = "unresolved-env-var"
             if value is not None:
@@ -313,6 +350,8 @@ _SECRET_FIELDS = frozenset({"sasl_password", "oauthbearer_client_secret", "ssl_k
 class KafkaStreamGroup(StreamGroupResource):
     """A consumer group over a Kafka topic set; each partition is a shard (``<topic>:<partition>``)."""
 
+    secret_fields: ClassVar[Mapping[str, str | None]] = {name: f"{name}_file" for name in sorted(_SECRET_FIELDS)}
+
     bootstrap_servers: str = Field(description="Comma-separated host:port list (librdkafka bootstrap.servers).")
     topics: list[str] = Field(description="The topics whose partitions form the stream's shards.")
     properties: dict[str, str] = Field(
@@ -351,9 +390,9 @@ class KafkaStreamGroup(StreamGroupResource):
     def _check_kafka_fields(self) -> KafkaStreamGroup:
         if self.spark_reader not in SPARK_READERS:
             raise ValueError(f"spark_reader: must be one of {', '.join(SPARK_READERS)}, got {self.spark_reader!r}")
-        deferred = [n for n in _KAFKA_FIELDS if n not in _SECRET_FIELDS and self._from_env_var(n)]
-        if not deferred:  # otherwise validated when the EnvVar is resolved, in the tick or run
-            self.stream_config()
+        at_load = self._values_at_load(n for n in _KAFKA_FIELDS if n not in _SECRET_FIELDS)
+        if at_load is not None:  # otherwise validated when the EnvVar is resolved, in the tick or run
+            self._connection_config(KafkaStreamConfig, at_load)
         return self
 
     def stream_config(self) -> KafkaStreamConfig:
@@ -401,6 +440,8 @@ class V3ioStreamGroup(StreamGroupResource):
     Offsets are v3io sequence numbers; the group's progress is mirrored into each shard's
     ``__<group>_committed_sequence_number`` attribute (last processed), as v3io-go consumers keep it."""
 
+    secret_fields: ClassVar[Mapping[str, str | None]] = {"access_key": "access_key_file"}
+
     endpoint: str = Field(description="The v3io web-API endpoint, e.g. http://v3io-webapi:8081.")
     container: str = Field(description="The container that holds the stream.")
     stream_path: str = Field(description="The stream's path inside the container.")
@@ -416,9 +457,9 @@ class V3ioStreamGroup(StreamGroupResource):
             check_group(self.group)
         except ValueError as exc:
             raise StreamGroupConfigError(str(exc)) from None
-        deferred = [n for n in _V3IO_FIELDS if n != "access_key" and self._from_env_var(n)]
-        if not deferred:
-            self.stream_config()
+        at_load = self._values_at_load(n for n in _V3IO_FIELDS if n != "access_key")
+        if at_load is not None:  # otherwise validated when the EnvVar is resolved, in the tick or run
+            self._connection_config(V3ioStreamConfig, at_load)
         return self
 
     def stream_config(self) -> V3ioStreamConfig:
@@ -430,9 +471,9 @@ class V3ioStreamGroup(StreamGroupResource):
         config = self.stream_config()
         return _cached(_backends, config.model_dump_json(), config.resolve_access_key(), lambda: V3ioBackend(config))
 
-    def _check_store_url(self, url: str) -> None:
+    def _check_store_url(self, url: str, field: str = "store_url") -> None:
         if url != STORE_NEXT_TO_STREAM:
-            super()._check_store_url(url)
+            super()._check_store_url(url, field)
 
     def member(self, member_id: str) -> GroupMember:
         """The member, once the stream's own group of this name is known not to be a v3io-go/Nuclio one.

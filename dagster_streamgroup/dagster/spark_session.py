@@ -9,12 +9,14 @@ interpreter (PySpark would otherwise pick ``python3`` from PATH, without our pac
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from dagster import EnvVar, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, model_validator
 
+from dagster_streamgroup.dagster.literal_secrets import refuse_literal_secrets
 from dagster_streamgroup.spark.redaction import with_string_redaction
 from dagster_streamgroup.spark.session import (
     connect_address,
@@ -44,18 +46,28 @@ class StreamSparkResource(LazyPySparkResource):
     @model_validator(mode="before")
     @classmethod
     def _check_target(cls, data: Any) -> Any:
-        # Before validation, where a dagster.EnvVar is still itself: one is checked once it resolves (in the
-        # run), never by its variable's name. A Connect URL may carry a token, so EnvVar is the way to pass it.
+        # Before validation, where a dagster.EnvVar is still itself: one is checked by its value when its variable
+        # is set as the definitions load, else once it resolves (in the run), never by its variable's name. A
+        # Connect URL may carry a token, so EnvVar is the way to pass it.
         if not isinstance(data, dict):
             return data
         remote, master = data.get("remote"), data.get("master")
-        if isinstance(remote, str) and not isinstance(remote, EnvVar):
+        field = "remote"
+        if isinstance(remote, EnvVar):
+            field = f"remote (from the environment variable {remote.env_var_name})"
+            remote = os.environ.get(remote.env_var_name)
+        if isinstance(remote, str):
             if not remote.startswith("sc://"):
-                raise ValueError("remote: must be a Spark Connect URL sc://host:port (it does not start with sc://)")
-            connect_address(remote)
+                raise ValueError(f"{field}: must be a Spark Connect URL sc://host:port (it does not start with sc://)")
+            connect_address(remote, field)
         if remote is None and isinstance(master, str) and not isinstance(master, EnvVar) and not master.strip():
             raise ValueError("master: must be a Spark master URL such as local[*]")
         return data
+
+    def get_resource_definition(self) -> Any:
+        """Dagster's definition of this resource, once its Connect URL holds no literal token (``literal_secrets``)."""
+        refuse_literal_secrets(self, {}, ("remote",))
+        return super().get_resource_definition()
 
     def effective_config(self) -> dict[str, Any]:
         if self.remote is not None:

@@ -4,7 +4,8 @@ set-up fetched (``scripts/setup.sh`` resolves ``kafka/pom.xml`` from Maven Centr
 It is the embedded default for trying the project and the tests' real peer: the tests, the benchmarks, the chaos
 run and the example all talk to it. It listens on 127.0.0.1 only, keeps its log in a data directory of its
 own, runs with a bounded heap, and is stopped by PID. A SASL_SSL listener with SCRAM-SHA-512 and a throw-away
-CA is added when users are asked for. ``STREAMGROUP_KAFKA_BOOTSTRAP`` points the tests at a cluster of one's own
+CA is added when users are asked for; their passwords reach the broker in an admin request, never on a command
+line or in the JVM's environment. ``STREAMGROUP_KAFKA_BOOTSTRAP`` points the tests at a cluster of one's own
 instead. Everything broker-specific lives here.
 """
 
@@ -26,7 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # listed, not re-exported, by the package
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialUpsertion,
+)
 
 from dagster_streamgroup.local import procfs
 from dagster_streamgroup.local.kafka_tls import make_broker_tls
@@ -43,6 +50,14 @@ LIBS_ENV = "STREAMGROUP_KAFKA_LIBS"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_ITERATIONS = 4096
+"""Kafka's minimum for SCRAM-SHA-512 (and its default)."""
+
+SASL_PASSWORD_ENV = "STREAMGROUP_KAFKA_SASL_PASSWORD"
+"""Where ``streamgroup local kafka --sasl-user`` reads the user's password. The broker's JVMs never get it."""
+
+_USERS_CREATED = "scram-users-created"
+"""A file in the data directory: the SCRAM users were created (a restart keeps them, and a rotated password)."""
 
 FAST_HOUSEKEEPING: dict[str, str] = {
     # Retention, compaction and offset expiry are checked every second instead of every five minutes, and the
@@ -263,24 +278,73 @@ class LocalKafka:
             "-cp", f"{kafka_libs()}/*", main, *args,
         ]  # fmt: skip
 
+    def java_env(self) -> dict[str, str]:
+        """The environment of the broker's JVMs: ours without the SASL password's variable, nor any variable
+        that holds one of the users' passwords (the JVMs need none: the users are created by an admin request)."""
+        passwords = {p for p in self.sasl_users.values() if p}
+        return {k: v for k, v in os.environ.items() if k != SASL_PASSWORD_ENV and v not in passwords}
+
     def format(self) -> None:
-        """Format the data directory once (KRaft ``--standalone``), with the SCRAM users as bootstrap records."""
+        """Format the data directory once (KRaft ``--standalone``). The SCRAM users are not bootstrap records of
+        the format (``--add-scram`` takes the password on the command line, where ``ps`` shows it): ``start``
+        creates them."""
         if (self.data_dir / "log" / "meta.properties").is_file():
             return
         config = self._write_config()
         args = ["format", "--config", str(config), "--cluster-id", self.cluster_id]
         if self.voters is None:
             args.append("--standalone")
-        for name, password in self.sasl_users.items():
-            args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
         done = subprocess.run(
             self._java("kafka.tools.StorageTool", *args, heap_mb=256),
-            capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False, env=self.java_env(),
         )  # fmt: skip
         if done.returncode != 0:
-            # The tool's output echoes the SCRAM records it wrote; only its last line, the reason, is kept.
             reason = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise BrokerStartError(f"formatting the broker's data directory failed: {reason[0]}")
+
+    def create_scram_users(self, timeout_s: float = 30.0) -> None:
+        """Create the SCRAM users once, through the admin API on the PLAINTEXT listener (Kafka's
+        ``AlterUserScramCredentials``, as an administrator rotates a password): the passwords travel in a
+        request and the broker keeps only salted verifiers. Returns once each user logs in over SASL_SSL."""
+        marker = self.data_dir / _USERS_CREATED
+        if not self.sasl_users or marker.exists():
+            return
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+        upserts: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(name, info, p.encode()) for name, p in self.sasl_users.items()
+        ]
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.alter_user_scram_credentials(upserts).values():
+            future.result(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:  # the broker applies the controller's record to its credential cache a moment later
+            described = admin.describe_user_scram_credentials(list(self.sasl_users))
+            assert isinstance(described, dict)  # one future per user named
+            try:
+                if all(future.result(timeout_s).scram_credential_infos for future in described.values()):
+                    break
+            except KafkaException:
+                pass
+            if time.monotonic() > deadline:
+                raise BrokerStartError(f"the SCRAM users were not readable within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        for name, password in self.sasl_users.items():
+            self._check_login(name, password, timeout_s)
+        marker.write_text("".join(f"{name}\n" for name in self.sasl_users))
+
+    def _check_login(self, name: str, password: str, timeout_s: float) -> None:
+        assert self.sasl_bootstrap is not None and self.ca_file is not None
+        client = AdminClient(
+            {
+                "bootstrap.servers": self.sasl_bootstrap, "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": SCRAM_MECHANISM, "sasl.username": name, "sasl.password": password,
+                "ssl.ca.location": str(self.ca_file),
+            }
+        )  # fmt: skip
+        try:
+            client.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise BrokerStartError(f"user {name!r} cannot log in over SASL_SSL: {exc.args[0].str()}") from None
 
     def start(self, timeout_s: float = 60.0, *, die_with_parent: bool = False) -> None:
         """Start the broker (formatting its data directory the first time) and wait until it answers.
@@ -296,9 +360,11 @@ class LocalKafka:
             self.proc = subprocess.Popen(
                 [*(_DIE_WITH_PARENT if die_with_parent else []), *command],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env=self.java_env(),
             )  # fmt: skip
         try:
             wait_until_answering(self.bootstrap, timeout_s, self.proc)
+            self.create_scram_users(timeout_s)
         except BrokerStartError as exc:
             self.kill()
             raise BrokerStartError(f"{exc}\nbroker log ({self.log_path}):\n{_log_tail(self.log_path)}") from None
@@ -474,6 +540,7 @@ def local_cluster(nodes: int = 3, *, start_timeout_s: float = 120.0, heap_mb: in
                     broker.proc = subprocess.Popen(
                         [*_DIE_WITH_PARENT, *command],
                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                        env=broker.java_env(),
                     )  # fmt: skip
             for broker in brokers:
                 wait_until_answering(broker.bootstrap, start_timeout_s, broker.proc)

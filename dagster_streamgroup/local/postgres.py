@@ -91,6 +91,18 @@ def _subprocess_user(run_as: _RunAs | None) -> dict[str, object]:
     return {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
 
 
+_SERVER_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "TZ", "TMPDIR")
+"""What ``initdb`` and ``postgres`` may need of our environment: where programs and libraries are, the time zone
+initdb writes into the configuration, where temporary files go."""
+
+
+def server_env() -> dict[str, str]:
+    """The environment of ``initdb`` and ``postgres``: only what they need, in the C locale. They run as another
+    OS user (``postgres``, when we are root) and need none of the passwords ours may hold (the Dagster instance's
+    ``DAGSTER_PG_PASSWORD``, a store URL, a SASL password); the superuser's password reaches initdb in a file."""
+    return {**{k: os.environ[k] for k in _SERVER_VARIABLES if k in os.environ}, "LC_ALL": "C", "LANG": "C"}
+
+
 def _log_tail(log: Path, lines: int = 20) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -117,7 +129,7 @@ def temporary_postgres(*, durable: bool = True, startup_timeout_s: float = 60.0)
         if run_as is not None:
             for path in (root, sockets, root / "pwfile"):
                 os.chown(path, run_as.uid, run_as.gid)
-        env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+        env = server_env()
         init = subprocess.run(
             [
                 str(bindir / "initdb"),

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from dagster_streamgroup.redact import read
 from dagster_streamgroup.spark.connector import with_spark_kafka_jars
 from dagster_streamgroup.spark.redaction import with_string_redaction
 
@@ -62,20 +63,23 @@ class SparkConnectUnavailableError(ConnectionError):
     """The Spark Connect server a run needs does not accept connections."""
 
 
-def connect_address(remote: str) -> tuple[str, int]:
-    """(host, port) of a Spark Connect URL ``sc://host[:port][/;param=value...]`` (15002 by default)."""
-    authority = shown_remote(remote).removeprefix("sc://")
+def connect_address(remote: str, field: str = "remote") -> tuple[str, int]:
+    """(host, port) of a Spark Connect URL ``sc://host[:port][/;param=value...]`` (15002 by default). A URL the
+    redaction cannot read (a ``;`` right after the port, an ``@``) is refused: Spark's client would quote its
+    parameters, a token among them, in its error."""
+    reading = read(remote)
+    authority = remote.removeprefix("sc://").split("/", 1)[0]
     host, sep, port = authority.rpartition(":")
     if not sep:
         host, port = authority, str(DEFAULT_CONNECT_PORT)
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"remote: {shown_remote(remote)!r} is not sc://HOST[:PORT]")
+    if not reading.well_formed or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{field}: {reading.shown!r} is not sc://HOST[:PORT][/;param=value...]")
     return host.strip("[]"), int(port)
 
 
 def shown_remote(remote: str) -> str:
-    """``sc://host:port`` of a Connect URL, without its parameters (``;token=...`` may be a secret)."""
-    return "sc://" + remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    """A Connect URL as it may be shown: its token (``;token=...``) hidden (``redact``)."""
+    return read(remote).shown
 
 
 def wait_for_connect_server(remote: str, timeout_s: float, *, poll_s: float = 0.5) -> None:

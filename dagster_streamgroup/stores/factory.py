@@ -5,12 +5,16 @@ The scheme picks the implementation; adding a store is one entry in ``_OPENERS``
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
+from dagster_streamgroup.redact import read
 from dagster_streamgroup.stores.base import StateStore, StoreConfigError
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.stores.sql import normalize_url, safe_url
+from dagster_streamgroup.stores.sql import normalize_url
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
 
 
 def _open_sql(url: str) -> StateStore:
@@ -47,11 +51,21 @@ SUPPORTED = (
 
 
 def _opener(url: str, field: str) -> Callable[[str], StateStore]:
+    """The store of ``url``'s scheme. A refused URL is shown only as ``redact`` shows it: a DSN or a mistyped
+    URL may hold a password anywhere."""
     scheme, sep, _ = url.partition("://")
     opener = _OPENERS.get(scheme.lower()) if sep else None
     if opener is None:
-        shown = safe_url(url) if sep else repr(url)
-        raise StoreConfigError(f"{field}: {shown} is not a state store URL; supported: {'; '.join(SUPPORTED)}")
+        reading = read(url)
+        if not sep and reading.well_formed:
+            hint = "a libpq keyword DSN is not a store URL: write it as postgresql://USER:PASSWORD@HOST:PORT/DB"
+        elif sep and _SCHEME.fullmatch(scheme):
+            hint = f"no state store has the scheme {scheme!r}"
+        else:
+            hint = "it does not start with SCHEME:// (the rest is not shown: it may hold a password)"
+        raise StoreConfigError(
+            f"{field}: {reading.shown} is not a state store URL ({hint}); supported: {'; '.join(SUPPORTED)}"
+        )
     return opener
 
 

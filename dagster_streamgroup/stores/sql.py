@@ -47,6 +47,7 @@ from sqlalchemy.schema import CreateTable
 
 from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, encode_state
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
+from dagster_streamgroup.redact import read, redact, scrub, secrets_in
 from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
 
 DEFAULT_TABLE = "streamgroup_state"
@@ -62,45 +63,35 @@ _UNREACHABLE = (OperationalError, InterfaceError)
 InterfaceError): the store is unavailable, and the member retries on its next tick."""
 
 
-def safe_url(url: str | URL) -> str:
-    """The URL as it may appear in logs and errors: the password replaced by ``***``.
-
-    Split at the last ``@`` of the authority, not by URL parsing: a password holding an unencoded ``@`` is
-    cut there by parsers, which would show its tail as part of the host."""
-    if not isinstance(url, str):
-        return url.render_as_string(hide_password=True)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "<unparseable URL>" if "@" in url else url
-    after_at = rest.rfind("@") + 1  # 0 without credentials
-    cut = min((at for mark in "/?#" if (at := rest.find(mark, after_at)) != -1), default=len(rest))
-    authority, tail = rest[:cut], rest[cut:]
-    userinfo, at_sign, host = authority.rpartition("@")
-    if not at_sign:
-        return url
-    user, colon, _password = userinfo.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}{tail}"
-
-
 def normalize_url(url: str) -> URL:
-    """Map ``postgresql://``/``postgres://`` to the psycopg 3 driver; check SQLite has a file path."""
+    """Map ``postgresql://``/``postgres://`` to the psycopg 3 driver; check SQLite has a file path.
+
+    A URL its drivers would not read alike (SQLAlchemy's parser, libpq's: ``redact.read``) is refused before
+    it is parsed: an unencoded ``@``, ``/``, ``?`` or ``#`` in a password, a port that is no number or a query
+    parameter libpq does not know would otherwise reach the server as another host, database or port, and
+    its errors would quote what is in fact a piece of the password."""
+    reading = read(url)
+    if not reading.well_formed:
+        raise StoreConfigError(
+            f"store URL {reading.shown} is not a URL its drivers read alike (SQLAlchemy's parser and libpq's): "
+            "percent-encode the user name and password (urllib.parse.quote(password, safe='')), give the port as "
+            "a number, and only libpq's connection parameters in the query"
+        )
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise StoreConfigError(f"store URL {safe_url(url)!r} cannot be parsed: {exc}") from None
-    except ValueError:  # its text could quote a password that the parser took for a port
-        raise StoreConfigError(f"store URL {safe_url(url)!r} cannot be parsed: the port is not a number") from None
+    except (ArgumentError, ValueError):  # their texts could quote a password the parser took for another part
+        raise StoreConfigError(f"store URL {reading.shown} cannot be parsed") from None
     if parsed.drivername in _POSTGRES_DRIVERS:
         return parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername in {"sqlite", "sqlite+pysqlite"}:
         if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
             raise StoreConfigError(
-                f"store URL {safe_url(parsed)!r}: a SQLite store needs a file path "
+                f"store URL {reading.shown!r}: a SQLite store needs a file path "
                 "(sqlite:///path/to/state.db); an in-memory SQLite database is private to one connection"
             )
         return parsed
     raise StoreConfigError(
-        f"store URL {safe_url(parsed)!r}: SqlStateStore supports sqlite:///PATH and postgresql://..., "
+        f"store URL {reading.shown!r}: SqlStateStore supports sqlite:///PATH and postgresql://..., "
         f"not {parsed.drivername!r}"
     )
 
@@ -140,7 +131,8 @@ class SqlStateStore:
             raise StoreConfigError(f"table {table!r}: use letters, digits and underscores (at most 63)")
         parsed = normalize_url(url)
         self._url = parsed
-        self._safe_url = safe_url(parsed)
+        self._safe_url = redact(parsed.render_as_string(hide_password=False))
+        self._secrets = secrets_in(url)
         self._is_postgres = parsed.get_backend_name() == "postgresql"
         self._table = state_table(table)
         self._engine = self._create_engine(parsed)
@@ -186,10 +178,9 @@ class SqlStateStore:
         return engine
 
     def _unavailable(self, action: str, exc: DBAPIError) -> StoreUnavailableError:
-        detail = str(exc.orig) if exc.orig is not None else type(exc).__name__
-        password = self._url.password
-        if password:
-            detail = detail.replace(str(password), "***")
+        """The error to raise ``from None``: it carries the driver's message scrubbed of the URL's secrets, and
+        the driver's exception chained to it would be shown unscrubbed (Dagster shows an error's causes)."""
+        detail = scrub(str(exc.orig) if exc.orig is not None else type(exc).__name__, self._secrets)
         return StoreUnavailableError(f"state store {self._safe_url}: cannot {action}: {detail.strip()}")
 
     def _ensure_table(self) -> None:
@@ -205,7 +196,7 @@ class SqlStateStore:
                 exists = False
             if not exists:
                 self._engine.dispose()
-                raise self._unavailable("create its table", exc) from exc
+                raise self._unavailable("create its table", exc) from None
 
     def _where(self, key: str) -> str:
         return f"{self._safe_url} key {key!r}"
@@ -216,7 +207,7 @@ class SqlStateStore:
             with self._engine.connect() as conn:
                 row = conn.execute(select(t.c.version, t.c.body).where(t.c.key == key)).one_or_none()
         except _UNREACHABLE as exc:
-            raise self._unavailable(f"load {key!r}", exc) from exc
+            raise self._unavailable(f"load {key!r}", exc) from None
         if row is None:
             return None, None
         return decode_state(row.body, where=self._where(key)), str(row.version)
@@ -228,7 +219,7 @@ class SqlStateStore:
                 return self._create(key, state, body)
             return self._update(key, state, body, _parse_token(token))
         except _UNREACHABLE as exc:
-            raise self._unavailable(f"save {key!r}", exc) from exc
+            raise self._unavailable(f"save {key!r}", exc) from None
 
     def _create(self, key: str, state: GroupState, body: str) -> bool:
         values = {
@@ -290,7 +281,7 @@ class SqlStateStore:
             with self._engine.connect() as conn:
                 value = conn.execute(select(func.extract("epoch", func.clock_timestamp()))).scalar_one()
         except _UNREACHABLE as exc:
-            raise self._unavailable("read its clock", exc) from exc
+            raise self._unavailable("read its clock", exc) from None
         return float(value)
 
     def close(self) -> None:

@@ -210,7 +210,7 @@ class LoggedSqlStateStore(SqlStateStore):
                     raise self._damaged(key, gap.damage) from None
                 continue
             except _UNREACHABLE as exc:
-                raise self._unavailable(f"load {key!r}", exc) from exc
+                raise self._unavailable(f"load {key!r}", exc) from None
             if known is None:
                 return None, None
             return known.state, str(known.version)
@@ -341,7 +341,7 @@ class LoggedSqlStateStore(SqlStateStore):
                 return created
             return self._append(key, state, _parse_token(token))
         except _UNREACHABLE as exc:
-            raise self._unavailable(f"save {key!r}", exc) from exc
+            raise self._unavailable(f"save {key!r}", exc) from None
 
     def _drop_orphaned_rows(self, key: str) -> None:
         """Delete log rows left by a base row that is gone (a lost state: deleted by hand, or its database

@@ -77,6 +77,7 @@ from dagster_streamgroup.protocol.codec import (
     encode_state,
 )
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
+from dagster_streamgroup.redact import MASK, redact
 from dagster_streamgroup.stores.base import (
     StateDamagedError,
     StateToken,
@@ -879,17 +880,13 @@ def _log_body(before: GroupState, after: GroupState) -> str:
     return '{"delta":' + delta.encode_delta(change) + "}"
 
 
-def _port_ok(parts: Any) -> bool:
-    try:
-        return parts.port is not None
-    except ValueError:
-        return False
+_OPTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 
 
 def parse_store_url(url: str) -> tuple[V3ioConnection, str, bool]:
     """The connection, state directory and compression a ``v3io://`` store URL names, checked without I/O."""
     parts = urlsplit(url)
-    shown = f"v3io://{parts.hostname or ''}{f':{parts.port}' if _port_ok(parts) else ''}{parts.path}"
+    shown = redact(url)
     if parts.password or parts.username:
         raise StoreConfigError(
             f"{shown}: the access key must not be in the URL; use access_key_file=PATH or $V3IO_ACCESS_KEY"
@@ -901,7 +898,8 @@ def parse_store_url(url: str) -> tuple[V3ioConnection, str, bool]:
         )
     unknown = sorted(set(options) - {"https", "access_key_file", "compress"})
     if unknown:
-        raise StoreConfigError(f"{shown}: unknown option(s) {unknown}; known: https, access_key_file, compress")
+        named = [k if _OPTION_NAME.fullmatch(k) else MASK for k in unknown]  # a name may be a piece of a secret
+        raise StoreConfigError(f"{shown}: unknown option(s) {named}; known: https, access_key_file, compress")
     flags = {}
     for name in ("https", "compress"):
         value = options.get(name, "")

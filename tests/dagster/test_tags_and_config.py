@@ -107,14 +107,14 @@ def kafka_group(**overrides: object) -> KafkaStreamGroup:
         ({"security_protocol": "SASL_SSL"}, "sasl_mechanism"),
         ({"properties": {"sasl.password": "x"}}, "properties"),
         ({"group": " "}, "group"),
-        ({"store_url": "mysql://u:p@db/x"}, "store_url: mysql://u:***@db/x is not a state store URL"),
+        ({"store_url": "mysql://u:p@db/x"}, "store_url: mysql://***@db/x is not a state store URL"),
         ({"store_url": "v3io"}, "store_url: 'v3io' keeps the state next to a v3io stream"),
         ({"store_url": "memory://"}, "store_url: memory:// keeps the state inside one process"),
         # malformed URLs of known schemes fail at load too, not at the first tick
         ({"store_url": "sqlite://"}, "store_url: store URL 'sqlite://': a SQLite store needs a file path"),
         ({"store_url": "sqlite:///:memory:"}, "a SQLite store needs a file path"),
-        ({"store_url": "postgresql://u:pw:x@h:port/db"}, "store_url: store URL 'postgresql://u:***@h:port/db'"),
-        ({"store_url": "v3io://h:1/c?foo=1"}, "store_url: v3io://h:1/c: unknown option(s) ['foo']"),
+        ({"store_url": "postgresql://u:pw:x@h:port/db"}, "store_url: store URL postgresql://*** is not a URL"),
+        ({"store_url": "v3io://h:1/c?foo=1"}, "store_url: v3io://h:1/c?***: unknown option(s) ['foo']"),
         ({"store_url": "v3io://h:1"}, "store_url: v3io://h:1: expected v3io://HOST[:PORT]/CONTAINER"),
     ],
 )

@@ -316,14 +316,18 @@ def test_an_env_var_that_resolves_to_a_bad_value_is_named_when_it_resolves(
 def test_a_connect_url_from_an_env_var_is_checked_when_it_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
     """The URL may carry a token (``;token=...``), so an EnvVar is the way to pass it; it used to be refused at
     load because the check read the variable's name as the URL."""
+    monkeypatch.delenv("SG_REL_REMOTE", raising=False)
     resource = StreamSparkResource(remote=dg.EnvVar("SG_REL_REMOTE"))
-    monkeypatch.setenv("SG_REL_REMOTE", f"sc://127.0.0.1:15002;token={SECRET}")
+    monkeypatch.setenv("SG_REL_REMOTE", f"sc://127.0.0.1:15002/;token={SECRET}")
     with resource.process_config_and_initialize_cm() as resolved:
-        assert resolved.remote == f"sc://127.0.0.1:15002;token={SECRET}"
-    monkeypatch.setenv("SG_REL_REMOTE", "http://127.0.0.1:15002")
-    with (
-        pytest.raises(ValidationError, match="remote: must be a Spark Connect URL") as caught,
-        resource.process_config_and_initialize_cm(),
-    ):
-        pass
-    assert SECRET not in str(caught.value)
+        assert resolved.remote == f"sc://127.0.0.1:15002/;token={SECRET}"
+    # Spark's client refuses a ";" right after the port, quoting the token in its error: refused before it.
+    for bad, message in [("http://127.0.0.1:15002", "must be a Spark Connect URL"), (f"sc://h:1;token={SECRET}", "")]:
+        monkeypatch.setenv("SG_REL_REMOTE", bad)
+        with (
+            pytest.raises(ValidationError, match=f"remote: {message}") as caught,
+            resource.process_config_and_initialize_cm(),
+        ):
+            pass
+        assert SECRET not in str(caught.value)
+        refused(lambda: StreamSparkResource(remote=dg.EnvVar("SG_REL_REMOTE")), "SG_REL_REMOTE")  # set at load

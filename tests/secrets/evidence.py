@@ -51,6 +51,10 @@ SENSORS = f"""query($r: RepositorySelector!) {{ sensorsOrError(repositorySelecto
     cursor error {{ ...E }} logEvents {{ events {{ message level }} }} }} }} }} }}
   ... on PythonError {{ ...E }} }} }}
 {ERROR}"""
+WORKSPACE = f"""{{ workspaceOrError {{ __typename ... on Workspace {{ locationEntries {{ name loadStatus
+  locationOrLoadError {{ __typename ... on RepositoryLocation {{ name repositories {{ name }} }}
+    ... on PythonError {{ ...E }} }} }} }} ... on PythonError {{ ...E }} }} }}
+{ERROR}"""
 RESOURCES = """query($r: RepositorySelector!) { allTopLevelResourceDetailsOrError(repositorySelector: $r) { __typename
   ... on ResourceDetailsList { results { name description resourceType configuredValues { key value type }
   configFields { name description defaultValueAsJson } } } } }"""
@@ -77,10 +81,11 @@ def _query(dev: DagsterDev, evidence: Evidence, query: str, variables: dict[str,
     return payload["data"]
 
 
-def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str], location: str) -> dict[str, int]:
-    """Runs (tags, config), every event of every run (messages, errors, metadata), sensor ticks (errors, skip
-    reasons, logs), the resources' configured values and the assets' materializations and observations, as
-    the webserver serves them; the counts of what was read."""
+def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str]) -> dict[str, Any]:
+    """Runs (tags, config), every event of every run (messages, errors, metadata), each code location's load
+    error, the sensor ticks (errors, skip reasons, logs) and resources' configured values of every location
+    that loaded, and the assets' materializations and observations, as the webserver serves them; the counts
+    of what was read, and the locations that did not load."""
     runs = _query(dev, evidence, RUNS)["runsOrError"]["results"]
     evidence.add("graphql: runs (tags, run config)", json.dumps(runs))
     events = 0
@@ -95,12 +100,19 @@ def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str], loc
             if not page["hasMore"]:
                 break
             cursor = page["cursor"]
-    selector = {"repositoryLocationName": location, "repositoryName": "__repository__"}
-    sensors = _query(dev, evidence, SENSORS, {"r": selector})["sensorsOrError"]
-    evidence.add("graphql: sensor ticks", json.dumps(sensors))
-    ticks = sum(len(s["sensorState"]["ticks"]) for s in sensors.get("results", []))
-    resources = _query(dev, evidence, RESOURCES, {"r": selector})["allTopLevelResourceDetailsOrError"]
-    evidence.add("graphql: resources (the UI's Resources page)", json.dumps(resources))
+    workspace = _query(dev, evidence, WORKSPACE)["workspaceOrError"]
+    evidence.add("graphql: code locations (the UI's deployment page, load errors)", json.dumps(workspace))
+    entries = workspace.get("locationEntries", [])
+    loaded = [e["name"] for e in entries if (e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"]
+    ticks, resources_read = 0, 0
+    for location in loaded:
+        selector = {"repositoryLocationName": location, "repositoryName": "__repository__"}
+        sensors = _query(dev, evidence, SENSORS, {"r": selector})["sensorsOrError"]
+        evidence.add(f"graphql: sensor ticks of {location}", json.dumps(sensors))
+        ticks += sum(len(s["sensorState"]["ticks"]) for s in sensors.get("results", []))
+        resources = _query(dev, evidence, RESOURCES, {"r": selector})["allTopLevelResourceDetailsOrError"]
+        evidence.add(f"graphql: resources of {location} (the UI's Resources page)", json.dumps(resources))
+        resources_read += len(resources.get("results", []))
     asset_events = 0
     for asset in assets:
         found = _query(dev, evidence, ASSET_EVENTS, {"k": {"path": [asset]}})["assetOrError"]
@@ -110,8 +122,10 @@ def graphql_evidence(dev: DagsterDev, evidence: Evidence, assets: list[str], loc
         "runs": len(runs),
         "run_events": events,
         "sensor_ticks": ticks,
-        "resources": len(resources.get("results", [])),
+        "resources": resources_read,
         "asset_events": asset_events,
+        "locations": len(entries),
+        "locations not loaded": sorted(e["name"] for e in entries if e["name"] not in loaded),
     }
 
 
@@ -170,11 +184,11 @@ def state_evidence(resource: StreamGroupResource, evidence: Evidence) -> int:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def sqlite_evidence(root: Path, evidence: Evidence) -> dict[str, int]:
+def sqlite_evidence(root: Path, evidence: Evidence) -> dict[str, Any]:
     """Every row of every SQLite database under ``root``, with compressed values decompressed: Dagster keeps
     job and execution-plan snapshots (resource configuration included) zlib-compressed in ``runs.db``, where a
-    byte search of the file cannot see them."""
-    counts = {"databases": 0, "rows": 0, "decompressed": 0}
+    byte search of the file cannot see them. The counts, rows by table name among them."""
+    counts: dict[str, Any] = {"databases": 0, "rows": 0, "decompressed": 0, "tables": {}}
     for directory, _dirs, names in os.walk(root):
         for name in names:
             path = Path(directory) / name
@@ -188,6 +202,7 @@ def sqlite_evidence(root: Path, evidence: Evidence) -> dict[str, int]:
                     escaped = table.replace('"', '""')
                     for row in db.execute(f'SELECT * FROM "{escaped}"'):
                         counts["rows"] += 1
+                        counts["tables"][table] = counts["tables"].get(table, 0) + 1
                         for value in row:
                             if isinstance(value, bytes):
                                 with contextlib.suppress(zlib.error):

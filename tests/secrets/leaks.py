@@ -1,14 +1,17 @@
 """Searching evidence for secrets: every place a deployment could write one, as text or bytes, against each
 secret as written and in the encodings a careless log line or a client library might use (hex, base64 at any
-alignment, standard and URL-safe)."""
+alignment, standard and URL-safe, URL-quoted, JSON-escaped)."""
 
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,24 @@ def _base64_cores(raw: bytes) -> dict[str, bytes]:
 
 
 def needles(secret: str) -> dict[str, bytes]:
-    """The byte strings that betray ``secret``: as written, hex, and base64."""
+    r"""The byte strings that betray ``secret``: as written, hex, base64, URL-quoted (as in a URL's user info or
+    query, ``+`` for a space or not) and escaped as JSON writes strings (``\/`` for ``/`` too, as some do)."""
     raw = secret.encode()
-    return {"raw": raw, "hex": raw.hex().encode(), "HEX": raw.hex().upper().encode(), **_base64_cores(raw)}
+    found = {"raw": raw, "hex": raw.hex().encode(), "HEX": raw.hex().upper().encode(), **_base64_cores(raw)}
+    found |= {
+        "url-quoted": quote(secret, safe="").encode(),
+        "url-quoted+": quote_plus(secret).encode(),
+        "url-quoted (lower-case hex)": re.sub(
+            r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(secret, safe="")
+        ).encode(),
+        "json": json.dumps(secret)[1:-1].encode(),
+        "json, / escaped": json.dumps(secret)[1:-1].replace("/", "\\/").encode(),
+        "json, ascii": json.dumps(secret, ensure_ascii=True)[1:-1].encode(),
+    }
+    unique: dict[bytes, str] = {}
+    for name, needle in found.items():
+        unique.setdefault(needle, name)  # a form the same as another (no character to quote) is searched once
+    return {name: needle for needle, name in unique.items()}
 
 
 def _search(data: bytes, where: str, patterns: Mapping[str, Mapping[str, bytes]]) -> list[Finding]:

@@ -1,14 +1,19 @@
-"""Secrets never leak: the example deployed with a SASL password, a v3io access key and a PostgreSQL password,
-each a fresh random value given only as the docs say (a mounted file, ``dagster.EnvVar``), runs that succeed
-and runs that fail on rotated passwords, the CLI with good and bad configurations; then every log line, run
-tag, event, metadata entry, sensor tick, error and stored byte of the deployment, and the CLI's output, is
-searched for each value (as written, hex and base64). docs/reliability.md ("Secrets") has the result.
+"""Secrets never leak: the example deployed with a SASL password, a v3io access key and PostgreSQL passwords,
+each a fresh random value full of punctuation given only as the docs say (a mounted file, ``dagster.EnvVar``),
+the state store's URL in each form a user writes it (the password in the user info, ``?password=``,
+``?sslpassword=``; a keyword DSN, a scheme a slash short, an unencoded ``@``: refused when the definitions load),
+runs that succeed and runs that fail on rotated passwords, the CLI with good and bad configurations; then every
+log line, run tag, event, metadata entry, sensor tick, code location error, error and stored byte of the
+deployment (Dagster's ``runs``, ``snapshots``, ``event_logs`` and ``job_ticks`` tables decompressed), the CLI's
+output, and the command line of every process on the machine sampled all along (``ps``) and the environment of
+the broker's JVM, are searched for each value (as written, hex, base64, URL-quoted, JSON-escaped).
+docs/reliability.md ("Secrets") has the result.
 
-Real parts throughout: a real ``dagster dev`` (daemon, webserver, code server) with the example's asset and
-member sensors, the local Apache Kafka broker, the project's v3io server requiring its key, PostgreSQL, a Spark Connect
-server (the example's default). The
-broker is the local Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a CA made for the test); the password
-is rotated on it with Kafka's own ``AlterUserScramCredentials``.
+Real parts throughout: a real ``dagster dev`` (daemon, webserver, code servers) with the example's asset and
+member sensors, the local Apache Kafka broker, the project's v3io server requiring its key, PostgreSQL, a Spark
+Connect server (the example's default). The broker is ``streamgroup local kafka --sasl-user`` with a SASL_SSL
+listener (SCRAM-SHA-512, a CA made for its start), started as docs/kafka.md has it (the password in
+``STREAMGROUP_KAFKA_SASL_PASSWORD``); the password is rotated on it with Kafka's own ``AlterUserScramCredentials``.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import gc
 import json
 import os
 import random
+import re
 import secrets
 import shutil
+import signal
 import sqlite3
 import subprocess
 import tempfile
@@ -30,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
+from urllib.parse import quote
 
 import dagster as dg
 import psycopg
@@ -47,10 +55,11 @@ from sqlalchemy.engine import URL, make_url
 
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, V3ioStreamGroup
 from dagster_streamgroup.dagster.devserver import ROOT, DagsterDev, wait_for
+from dagster_streamgroup.dagster.literal_secrets import LiteralSecretError
 from dagster_streamgroup.dagster.resources import release_cached_clients
 from dagster_streamgroup.dagster.tags import TAG_GROUP
 from dagster_streamgroup.local.dagster_storage import provision_database
-from dagster_streamgroup.local.kafka_broker import LocalKafka, free_port
+from dagster_streamgroup.local.kafka_broker import SASL_PASSWORD_ENV, free_port, wait_until_answering
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.spark_connect import ConnectServerSettings, running_connect_server
 from dagster_streamgroup.local.v3io.testing import V3ioServerProcess
@@ -69,6 +78,7 @@ from tests.secrets.evidence import (
     state_evidence,
 )
 from tests.secrets.leaks import Evidence, describe, find_secrets, needles
+from tests.secrets.proc import CommandLineSampler, add_environments, descendants
 
 WORKSPACE = Path(__file__).with_name("workspace.yaml")
 DEFINITIONS = Path(__file__).with_name("definitions.py")
@@ -78,8 +88,17 @@ RECORDS = 2_000
 CLI = str(ROOT / ".venv/bin/streamgroup")
 
 
+PUNCTUATION = "!#$%&()*+,-./:;<=>?@[]^_{|}~"
+"""A password full of punctuation: every character that cuts a URL or a DSN, or that a log escapes (no quote,
+backslash or space: a SASL password file and the Java client's JAAS line take them, but not all places do)."""
+
+
 def new_secret() -> str:
-    return secrets.token_urlsafe(24)
+    """24 characters: letters and digits with punctuation among them, an ``@`` and a ``/`` always (a URL that
+    holds them unencoded is not read alike by its drivers)."""
+    chars = [*secrets.token_urlsafe(12)[:14], "@", "/", *(secrets.choice(PUNCTUATION) for _ in range(8))]
+    random.SystemRandom().shuffle(chars)
+    return "".join(chars)
 
 
 # The peers: the broker behind its SASL_SSL listener, a v3io server that requires its key, the state's database.
@@ -87,25 +106,17 @@ def new_secret() -> str:
 
 @dataclass
 class SaslBroker:
-    """The local Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a CA made for this start); the
-    deployment reaches it only there. Its PLAINTEXT listener stays the operator's door, used to rotate the
-    password as an administrator would."""
+    """``streamgroup local kafka --sasl-user``: the local Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a
+    CA made for this start); the deployment reaches it only there. Its PLAINTEXT listener stays the operator's
+    door, used to rotate the password as an administrator would."""
 
-    broker: LocalKafka
-
-    @property
-    def address(self) -> str:
-        assert self.broker.sasl_bootstrap is not None
-        return self.broker.sasl_bootstrap
-
-    @property
-    def ca_file(self) -> Path:
-        assert self.broker.ca_file is not None
-        return self.broker.ca_file
-
-    @property
-    def log(self) -> Path:
-        return self.broker.data_dir
+    bootstrap: str
+    address: str
+    ca_file: Path
+    log: Path
+    """The broker's data directory, its log among its files."""
+    proc: subprocess.Popen[bytes]
+    """The CLI process (it holds the password it was given); the broker's JVM is its child."""
 
     def client_config(self, password: str) -> KafkaStreamConfig:
         return KafkaStreamConfig(
@@ -121,7 +132,7 @@ class SaslBroker:
     def rotate(self, password: str) -> None:
         """The user's SCRAM credential replaced: new logins with the old password are refused; connections
         already authenticated stay open, as Kafka keeps them until they re-authenticate."""
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
         change = UserScramCredentialUpsertion(
             location.SASL_USERNAME, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
         )
@@ -131,18 +142,41 @@ class SaslBroker:
     @property
     def refused(self) -> int:
         """SASL logins the broker refused (its ``Failed authentication`` lines)."""
-        return self.broker.log_path.read_text(errors="replace").count("Failed authentication")
+        return (self.log / "broker.log").read_text(errors="replace").count("Failed authentication")
+
+    def jvms(self) -> list[int]:
+        return descendants(self.proc.pid)
+
+
+STARTED = re.compile(rb"SASL_SSL \(SCRAM-SHA-512\) on (\S+), CA (\S+), data in")
 
 
 @contextlib.contextmanager
 def sasl_broker(work: Path, password: str) -> Iterator[SaslBroker]:
-    broker = LocalKafka(work / "kafka", sasl_users={location.SASL_USERNAME: password})
+    """The broker as docs/kafka.md starts it: ``streamgroup local kafka --sasl-user NAME``, the password in
+    ``STREAMGROUP_KAFKA_SASL_PASSWORD``; stopped as Ctrl-C stops it."""
+    port, data, out = free_port(), work / "kafka", work / "streamgroup-local-kafka.log"
+    command = [CLI, "local", "kafka", "--port", str(port), "--data", str(data), "--sasl-user", location.SASL_USERNAME]
+    with out.open("wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env={**os.environ, SASL_PASSWORD_ENV: password}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
-        broker.start()
-        yield SaslBroker(broker)
+        found = wait_for("the broker's start line", lambda: STARTED.search(out.read_bytes()) or proc.poll(), 180.0)
+        assert isinstance(found, re.Match), out.read_text(errors="replace")
+        bootstrap = f"127.0.0.1:{port}"
+        wait_until_answering(bootstrap, 60)
+        yield SaslBroker(bootstrap, found.group(1).decode(), Path(found.group(2).decode()), data, proc)
     finally:
         gc.collect()  # clients kept by reference cycles would log refused connections once the broker is gone
-        broker.stop()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            for pid in descendants(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait(10)
 
 
 @dataclass(frozen=True)
@@ -151,12 +185,33 @@ class StateDatabase:
     role: str
     database: str
 
-    def url(self, password: str) -> str:
+    def url(self, password: str, **query: str) -> str:
+        """The store URL with the password in its user info (and ``query`` parameters, quoted)."""
         admin = make_url(self.admin_url)
         return URL.create(
             "postgresql", username=self.role, password=password, host=admin.host, port=admin.port,
-            database=self.database,
+            database=self.database, query=query,
         ).render_as_string(hide_password=False)  # fmt: skip
+
+    def query_url(self, password: str) -> str:
+        """The store URL with the password as a query parameter (psycopg reads it there)."""
+        admin = make_url(self.admin_url)
+        return f"postgresql://{self.role}@{admin.host}:{admin.port}/{self.database}?password={quote(password, safe='')}"
+
+    def dsn(self, password: str) -> str:
+        """A libpq keyword DSN: a form no store opens (the password quoted as libpq wants it)."""
+        admin = make_url(self.admin_url)
+        quoted = "'" + password.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return f"host={admin.host} port={admin.port} dbname={self.database} user={self.role} password={quoted}"
+
+    def mistyped(self, password: str) -> dict[str, str]:
+        """URLs a user mistypes, the password in them as written: a slash short, the password not encoded."""
+        admin = make_url(self.admin_url)
+        where = f"{admin.host}:{admin.port}/{self.database}"
+        return {
+            "a slash short": f"postgresql:/{self.role}:{quote(password, safe='')}@{where}",
+            "the password not encoded": f"postgresql://{self.role}:{password}@{where}",
+        }
 
 
 def state_database(admin_url: str, password: str) -> StateDatabase:
@@ -243,12 +298,16 @@ def test_search_reports_a_planted_secret(tmp_path: Path) -> None:
     assert find_secrets(evidence, {"planted": secret}) == []
     evidence.add("a log line", f"ERROR connect failed with password={secret}")
     evidence.add("a debug dump", f"header: {needles(secret)['base64@1'].decode()}")
+    evidence.add("a URL", f"postgresql://u:{quote(secret, safe='')}@h/db")
+    evidence.add("a JSON document", json.dumps({"detail": f"password {secret}"}).replace("/", "\\/"))
     (tmp_path / "nested").mkdir()
     (tmp_path / "nested" / "events.db").write_bytes(b"\x00\x01" + secret.encode().hex().encode() + b"\x02")
     evidence.add_tree(tmp_path)
     found = {(f.where, f.encoding) for f in find_secrets(evidence, {"planted": secret})}
     assert ("a log line", "raw") in found
     assert any(where == "a debug dump" and enc.startswith("base64") for where, enc in found)
+    assert ("a URL", "url-quoted") in found  # the secret has punctuation: quoted, it is another string
+    assert ("a JSON document", "json, / escaped") in found
     assert (str(tmp_path / "nested" / "events.db"), "hex") in found
 
 
@@ -290,9 +349,12 @@ def _snapshot_of(resources: dict[str, Any]) -> str:
     return serialize_value(RepositorySnap.from_def(repository))
 
 
-def test_literal_secrets_reach_the_code_location_snapshot_env_vars_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_literal_secrets_are_refused_at_load_env_vars_reach_the_snapshot_as_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Why the docs say dg.EnvVar or a mounted file, never a literal: Dagster keeps a resource's configured values
-    in the snapshot it shows and stores. This is the one way found to make the deployment leak a secret."""
+    in the snapshot it shows and stores. That was the one way found to make the deployment leak a secret; a
+    literal is now refused when the definitions load, naming the field and never the value."""
     values = {"sasl": new_secret(), "postgres": new_secret(), "v3io": new_secret()}
     kafka: dict[str, Any] = {
         "group": "g", "bootstrap_servers": "127.0.0.1:9092", "topics": ["t"], "security_protocol": "SASL_PLAINTEXT",
@@ -301,13 +363,18 @@ def test_literal_secrets_reach_the_code_location_snapshot_env_vars_do_not(monkey
     v3io: dict[str, Any] = {
         "group": "g_v3io", "endpoint": "http://127.0.0.1:8081", "container": "c", "stream_path": "s",
     }  # fmt: skip
-    store_url = f"postgresql://u:{values['postgres']}@h:5432/db"
-    literal = _snapshot_of(
-        {
-            "kafka": KafkaStreamGroup(**kafka, sasl_password=values["sasl"], store_url=store_url),
-            "v3io": V3ioStreamGroup(**v3io, access_key=values["v3io"], store_url="v3io"),
-        }
-    )
+    store_url = f"postgresql://u:{quote(values['postgres'], safe='')}@h:5432/db"
+    literals = {
+        "sasl_password": {"kafka": KafkaStreamGroup(**kafka, sasl_password=values["sasl"])},
+        "store_url": {"kafka": KafkaStreamGroup(**kafka, sasl_password=dg.EnvVar("SASL_PW"), store_url=store_url)},
+        "access_key": {"v3io": V3ioStreamGroup(**v3io, access_key=values["v3io"], store_url="v3io")},
+    }
+    for field, resources in literals.items():
+        with pytest.raises(LiteralSecretError) as caught:
+            _snapshot_of(resources)
+        refused = Evidence()
+        refused.add(f"the error of a literal {field}", str(caught.value))
+        assert field in str(caught.value) and find_secrets(refused, values) == [], str(caught.value)
     for name, value in {"SASL_PW": values["sasl"], "STORE_URL": store_url, "V3IO_KEY": values["v3io"]}.items():
         monkeypatch.setenv(name, value)
     from_env = _snapshot_of(
@@ -316,10 +383,8 @@ def test_literal_secrets_reach_the_code_location_snapshot_env_vars_do_not(monkey
             "v3io": V3ioStreamGroup(**v3io, access_key=dg.EnvVar("V3IO_KEY"), store_url="v3io"),
         }
     )
-    shown, hidden = Evidence(), Evidence()
-    shown.add("snapshot, literal secrets", literal)
+    hidden = Evidence()
     hidden.add("snapshot, dg.EnvVar", from_env)
-    assert {f.secret for f in find_secrets(shown, values)} == set(values)
     assert find_secrets(hidden, values) == []
     assert "SASL_PW" in from_env and "STORE_URL" in from_env  # the variables' names are what it keeps
 
@@ -429,6 +494,7 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         "sasl_password_rotated": new_secret(),
         "v3io_access_key": new_secret(),
         "postgres_password": new_secret(),
+        "postgres_sslpassword": new_secret(),
         "postgres_password_rotated": new_secret(),
         "postgres_password_wrong": new_secret(),
         "sasl_password_wrong": new_secret(),
@@ -449,7 +515,10 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         return f"{time.monotonic() - started:.0f} s"
 
     with contextlib.ExitStack() as stack:
+        # What any local user sees with `ps`, from the first process the test starts to the last.
+        sampler = stack.enter_context(CommandLineSampler(interval_s=0.1))
         broker = stack.enter_context(sasl_broker(work_dir, values["sasl_password"]))
+        counts["environments of the broker's JVM"] = add_environments(evidence, "the broker's JVM", broker.jvms())
         stack.callback(release_cached_clients)  # before the servers stop: a client left would reconnect
         v3io_server = V3ioServerProcess(work_dir / "v3io-server", access_key=values["v3io_access_key"])
         info = v3io_server.start()
@@ -499,12 +568,20 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
             "CLICKSTREAM_SPARK_REMOTE": connect.remote,  # the example's default: runs attach to a Connect server
             # The secrets, as docs/kafka.md and docs/dagster.md have them given:
             location.SECRET_PATH_ENV: str(secret_dir),
-            location.STORE_URL_ENV: database.url(values["postgres_password"]),
+            location.STORE_URL_ENV: database.url(
+                values["postgres_password"], sslpassword=values["postgres_sslpassword"]
+            ),
             location.V3IO_KEY_ENV: values["v3io_access_key"],
-            # The component's group: its password from `{env: NAME}` in its defs.yaml.
+            # The component's group: its password from `{env: NAME}` in its defs.yaml, its store's in the query.
             location.COMPONENT_GROUP_ENV: yaml_group,
             location.COMPONENT_TOPIC_ENV: yaml_topic,
             location.COMPONENT_PASSWORD_ENV: values["sasl_password"],
+            location.COMPONENT_STORE_URL_ENV: database.query_url(values["postgres_password"]),
+            # The refused location's group: its store URL a keyword DSN, the password in it.
+            location.REFUSED_GROUP_ENV: f"{group}_refused",
+            location.REFUSED_TOPIC_ENV: topic,
+            location.REFUSED_BOOTSTRAP_ENV: broker.bootstrap,
+            location.REFUSED_STORE_URL_ENV: database.dsn(values["postgres_password"]),
         }
         dev_log = work_dir / "dagster-dev.log"
         dev = DagsterDev(home, env, dev_log, workspace=WORKSPACE)
@@ -548,20 +625,28 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
             print(f"run {refused['runId']} failed on the rotated SASL password: {elapsed()}", flush=True)
 
         # 3. The state database's password is rotated while the deployment holds the old one: a run (a new
-        #    process, new connections) cannot reach the store. Rotated back, the next run commits.
+        #    process, new connections) cannot reach the store, in either group of the role: the Kafka group's URL
+        #    holds the password in its user info (and ?sslpassword=), the component's in ?password=. Rotated back,
+        #    the Kafka group's next run commits (the component's group still has the old SASL password).
         before = {r["runId"] for r in ended_runs(dev)}
         set_role_password(database, values["postgres_password_rotated"])
         produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=5)
+        produce_kafka(broker, yaml_topic, values["sasl_password_rotated"], RECORDS // 2, seed=8)
         store_failure = new_failed_run(dev, group, before)
+        yaml_failure = new_failed_run(dev, yaml_group, before)
         set_role_password(database, values["postgres_password"])
         produce_kafka(broker, topic, values["sasl_password_rotated"], RECORDS // 2, seed=6)
         wait_for("a run after the store came back", lambda: caught_up(kafka), 300.0, 2.0)
         after = [r for r in ended_runs(dev) if r["runId"] not in before and r["tags"].get(TAG_GROUP) == group]
         assert "SUCCESS" in {r["status"] for r in after}, after
-        print(f"run {store_failure['runId']} failed on the rotated store password: {elapsed()}", flush=True)
+        print(
+            f"runs {store_failure['runId']} and {yaml_failure['runId']} failed on the rotated store password: "
+            f"{elapsed()}",
+            flush=True,
+        )
 
         counts["graphql"] = graphql_evidence(
-            dev, evidence, ["page_views_per_minute", location.V3IO_ASSET, location.COMPONENT_ASSET], "clickstream"
+            dev, evidence, ["page_views_per_minute", location.V3IO_ASSET, location.COMPONENT_ASSET]
         )
         dev.stop()
 
@@ -576,6 +661,10 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         bad_port_url = database.url(values["postgres_password_wrong"]).replace(
             f":{make_url(postgres_url).port}/", ":notaport/"
         )
+        refused_urls = {
+            "a keyword DSN": database.dsn(values["postgres_password"]),
+            **database.mistyped(values["postgres_password"]),
+        }
         cli = run_cli(
             {
                 "status": (["status", "--group", group, *definitions], cli_env),
@@ -593,6 +682,13 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
                     ["status", "--group", group, *definitions],
                     {**cli_env, location.STORE_URL_ENV: bad_port_url},
                 ),
+                **{
+                    f"status, store URL as {form}": (
+                        ["status", "--group", group, *definitions],
+                        {**cli_env, location.STORE_URL_ENV: url},
+                    )
+                    for form, url in refused_urls.items()
+                },
                 "status, wrong SASL password": (
                     ["status", "--group", group, *definitions],
                     {**cli_env, location.SECRET_PATH_ENV: str(wrong_secret_dir)},
@@ -624,10 +720,15 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         counts["event log storage"] = instance_evidence(home, evidence)
         counts["group state database"] = database_evidence(postgres_url, database.database, evidence)
         counts["sqlite"] = sqlite_evidence(home, evidence)
+        tables = counts["sqlite"]["tables"]
         counts["group states, bytes"] = [state_evidence(state_store, evidence), state_evidence(v3io, evidence)]
         counts["v3io server sqlite"] = sqlite_evidence(work_dir / "v3io-server", evidence)
         for place in (home, output, dev_log, connect.scratch, work_dir / "v3io-server", broker.log):
             evidence.add_tree(place)
+        evidence.add_tree(work_dir / "streamgroup-local-kafka.log")  # what `streamgroup local kafka` printed
+        sampler.sample()
+        sampler.add_to(evidence)
+        counts["processes"] = {"command lines": len(sampler.lines), "samples": sampler.samples}
         compute_logs = [p for p in evidence.files if p.suffix in {".out", ".err"} and home in p.parents]
         counts["logs"] = {
             "dagster dev lines": dev_log.read_text(errors="replace").count("\n"),
@@ -660,6 +761,12 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
     assert not findings, f"secrets found:\n{describe(findings)}"
     assert not spark_log_findings, f"secrets found:\n{describe(spark_log_findings)}"
 
+    # Every place the issue's search read was read here: Dagster's tables, each process's command line (the
+    # broker's format step among them), the broker's JVM's environment.
+    assert all(tables.get(t, 0) > 0 for t in ("runs", "snapshots", "event_logs", "job_ticks")), tables
+    assert counts["environments of the broker's JVM"] >= 1, counts
+    assert any(b"kafka.tools.StorageTool" in line for line in sampler.lines), counts["processes"]
+
     # The error paths searched above were taken: the broker's refusal and the store's refusal are in the runs'
     # events, and each CLI command ended as it should.
     shown = b"".join(evidence.texts.values())
@@ -685,6 +792,15 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         assert cli[name].returncode != 0, cli[name]
     bad_port = cli["status, store URL with a bad port"]
     assert bad_port.returncode != 0 and "store_url" in bad_port.stderr, bad_port
+    for form in refused_urls:  # refused when the definitions load, naming the field and its variable
+        result = cli[f"status, store URL as {form}"]
+        assert result.returncode != 0 and location.STORE_URL_ENV in result.stderr, result
+    # The refused location did not load: one error, naming the field and the variable, the DSN shown redacted.
+    load_errors = "".join(t.decode(errors="replace") for w, t in evidence.texts.items() if w.startswith("graphql: "))
+    assert location.REFUSED_STORE_URL_ENV in load_errors and "password=***" in load_errors, counts["graphql"]
+    assert counts["graphql"]["locations not loaded"] == [location.REFUSED_LOCATION], counts["graphql"]
+    # The store errors of both URL forms were shown (redacted) where the failed runs' events are.
+    assert b"?sslpassword=***" in shown and b"?password=***" in shown
     logs = counts["logs"]
     assert logs["compute log files"] > 0 and logs["spark connect server lines"] > 0, counts
     assert counts["graphql"]["run_events"] > 0 and counts["group state database"]["rows"] > 0, counts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 
 from dagster_streamgroup.local.kafka_broker import (
     LIBS_ENV,
+    SASL_PASSWORD_ENV,
     BrokerInfo,
     BrokerStartError,
     KafkaNotInstalledError,
@@ -25,6 +27,7 @@ from dagster_streamgroup.local.kafka_data import create_topics, produce_sample
 from dagster_streamgroup.streams.kafka import KafkaBackend
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from tests.fixtures.kafka import TopicFactory
+from tests.secrets.proc import CommandLineSampler, environment
 
 pytestmark = pytest.mark.kafka
 
@@ -90,17 +93,32 @@ def _sasl_client(broker: BrokerInfo, password: str, ca: Path | None) -> dict[str
     return config
 
 
-def test_the_sasl_ssl_listener_takes_the_scram_user_and_refuses_a_wrong_password_or_an_untrusted_ca() -> None:
-    with running_broker(sasl_users={"svc": "right-password"}) as broker:
-        assert broker.sasl_bootstrap is not None and broker.ca_file is not None
-        ok = AdminClient(_sasl_client(broker, "right-password", broker.ca_file))
+def test_the_sasl_ssl_listener_takes_the_scram_user_and_refuses_a_wrong_password_or_an_untrusted_ca(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The password reaches the broker in an admin request only: no command line of the start holds it (the
+    format step used to take it as ``--add-scram``, where ``ps`` showed it), and the JVM's environment holds
+    neither the CLI's variable nor another that a user exported it in."""
+    right = secrets.token_urlsafe(18)
+    monkeypatch.setenv(SASL_PASSWORD_ENV, right)
+    monkeypatch.setenv("STREAMGROUP_TEST_EXPORTED_PASSWORD", right)
+    with CommandLineSampler(interval_s=0.02) as sampler, running_broker(sasl_users={"svc": right}) as broker:
+        assert broker.sasl_bootstrap is not None and broker.ca_file is not None and broker.pid is not None
+        jvm_environment = environment(broker.pid)
+        ok = AdminClient(_sasl_client(broker, right, broker.ca_file))
         assert ok.list_topics(timeout=20).brokers
-        for password, ca in (("wrong-password", broker.ca_file), ("right-password", None)):
+        for password, ca in (("wrong-password", broker.ca_file), (right, None)):
             refused = AdminClient(_sasl_client(broker, password, ca))
             started = time.monotonic()
             with pytest.raises(KafkaException):
                 refused.list_topics(timeout=5)
             assert time.monotonic() - started < 10
+    assert jvm_environment is not None and "PATH" in jvm_environment  # read: the check below can fail
+    assert right not in "\n".join(f"{k}={v}" for k, v in jvm_environment.items())
+    assert SASL_PASSWORD_ENV not in jvm_environment and "STREAMGROUP_TEST_EXPORTED_PASSWORD" not in jvm_environment
+    formats = [line for line in sampler.lines if b"kafka.tools.StorageTool" in line]
+    assert formats, f"the format step was not seen in {sampler.samples} samples"
+    assert not [line for line in sampler.lines if right.encode() in line]
 
 
 def test_waiting_for_a_broker_that_is_not_listening_logs_no_connection_errors(

@@ -20,7 +20,6 @@ from dagster_streamgroup.stores.sql import (
     SqlStateStore,
     StoreConfigError,
     StoreUnavailableError,
-    safe_url,
     state_table,
 )
 
@@ -187,11 +186,29 @@ def test_many_members_creating_the_table_at_once_all_succeed(postgres_url: str) 
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("postgresql://u:p@ss@db:5432/x", "postgresql://u:***@db:5432/x"),  # an unencoded @ in the password
-        ("postgresql://u:pa/ss@db/x?sslmode=require", "postgresql://u:***@db/x?sslmode=require"),
-        ("postgresql://u@db/x", "postgresql://u@db/x"),
-        ("sqlite:////var/state/group.db", "sqlite:////var/state/group.db"),
+        ("postgresql://u:p%40ss@db:5432/x", "postgresql+psycopg://u:***@db:5432/x"),
+        ("postgresql://u@db/x?password=pa&sslmode=require", "postgresql+psycopg://u@db/x?password=***&sslmode=require"),
+        ("postgresql://u:pa@db/x?sslpassword=pb", "postgresql+psycopg://u:***@db/x?sslpassword=***"),
     ],
 )
-def test_safe_url_hides_every_part_of_the_password(url: str, shown: str) -> None:
-    assert safe_url(url) == shown
+def test_a_store_shows_its_url_with_every_secret_hidden(url: str, shown: str) -> None:
+    """Nothing listens on port 1: the store's table cannot be created, and the error shows its URL."""
+    pytest.importorskip("psycopg")
+    local = url.replace("@db", "@127.0.0.1").replace("127.0.0.1:5432", "127.0.0.1:1")
+    with pytest.raises(StoreUnavailableError) as caught:
+        SqlStateStore(local)
+    expected = shown.replace("@db", "@127.0.0.1").replace("127.0.0.1:5432", "127.0.0.1:1")
+    assert str(caught.value).startswith(f"state store {expected}: cannot create its table"), caught.value
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:p@ss@db:5432/x",  # an unencoded @: the host would be "ss@db"
+        "postgresql://u:pa/ss@db/x?sslmode=require",  # libpq reads host u, port pa
+        "postgresql://u@db/x?pasword=pa",  # a parameter libpq does not know
+    ],
+)
+def test_a_url_its_drivers_read_differently_is_refused_showing_only_its_scheme(url: str) -> None:
+    with pytest.raises(StoreConfigError, match=r"^store URL postgresql://\*\*\* is not a URL its drivers read alike"):
+        SqlStateStore(url)

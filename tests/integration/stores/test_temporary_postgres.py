@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from dagster_streamgroup.local.postgres import temporary_postgres
+from dagster_streamgroup.local.postgres import server_env, temporary_postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -52,3 +52,24 @@ def test_exit_stops_the_server_and_removes_its_directory(postgres_url: str) -> N
         assert Path(f"/proc/{postmaster_pid}").exists()
     assert not Path(f"/proc/{postmaster_pid}").exists()
     assert not data_dir.parent.exists()
+
+
+POSTGRES_OWN_VARIABLES = {
+    *("PGDATA", "PG_GRANDPARENT_PID", "PGLOCALEDIR", "PGSYSCONFDIR", "PWD", "OLDPWD", "SHLVL", "_"),
+    *("LC_COLLATE", "LC_CTYPE", "LC_MESSAGES", "LC_MONETARY", "LC_NUMERIC", "LC_TIME"),
+}
+"""What the server (its locale settings in place of ``LC_ALL``) and the shell that runs a program for it set."""
+
+
+def test_the_server_gets_only_the_environment_it_needs(postgres_url: str) -> None:
+    """initdb and postgres run as another OS user and need none of the passwords our environment may hold (the
+    Dagster instance's, a store URL's, a SASL password). Read as the server has it: the superuser runs ``env``
+    in the server's environment (``COPY ... FROM PROGRAM``); ``/proc/PID/environ`` of a PostgreSQL process is
+    overwritten by its process title."""
+    with _connect(postgres_url) as conn:
+        conn.execute("CREATE TEMP TABLE server_env (line text)")
+        conn.execute("COPY server_env FROM PROGRAM 'env'")
+        lines = [str(row[0]) for row in conn.execute("SELECT line FROM server_env").fetchall()]
+    variables = {line.partition("=")[0] for line in lines if "=" in line}
+    assert "PATH" in variables and "LANG=C" in lines, lines
+    assert variables <= {*server_env(), *POSTGRES_OWN_VARIABLES}, sorted(variables)  # none of ours but those
