@@ -64,8 +64,10 @@ class DecodeErrorPolicy(StrEnum):
     """The record reaches the stream function with a null value and the error in ``decodeError``."""
 
 
-SECRET_OPTION_NAMES = ("registry.basic.auth.user.info", "registry.bearer.auth.token")
-"""The source options that carry the registry's secrets (Spark's redaction pattern covers them)."""
+SECRET_OPTION_NAMES = ("registry.basic.auth.secret", "registry.bearer.auth.token")
+"""The source options that carry the registry's secrets: named so that Spark's own redaction pattern
+(``spark.redaction.regex``: secret, token) and the sessions' string redaction
+(``spark.redaction.SECRET_REDACTION_REGEX``) hide them."""
 
 
 class RegistryConfig(BaseModel):
