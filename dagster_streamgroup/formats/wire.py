@@ -171,7 +171,7 @@ def _cut_headers(
         payload = data[index]
     else:
         payload = np.zeros(0, dtype=np.uint8)
-    return pa.BinaryArray.from_buffers(  # type: ignore[return-value]
+    return pa.BinaryArray.from_buffers(
         pa.binary(), len(kept), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(payload)]
     )
 

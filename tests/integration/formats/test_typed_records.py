@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import io
+import json
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import fastavro
 import pytest
 
 from dagster_streamgroup.dagster import StreamSparkResource, stream_asset
-from dagster_streamgroup.formats.registry import SchemaSource
 from dagster_streamgroup.formats.config import RegistryConfig
+from dagster_streamgroup.formats.registry import SchemaSource
 from dagster_streamgroup.formats.wire import frame
 from dagster_streamgroup.protocol import EventKind
 from tests.dagster.helpers import SensorDriver, group_name, group_resource, sensors_for
@@ -117,12 +120,7 @@ def test_a_writer_the_reader_cannot_resolve_parks_the_range_naming_subject_ids_a
     # A producer under another subject, whose schema has no `page`: the reader needs it and has no default for it.
     source = SchemaSource(RegistryConfig(url=registry_url))
     legacy = {"type": "record", "name": "Click", "namespace": "shop", "fields": [{"name": "id", "type": "int"}]}
-    import json
-
     legacy_id = source.register(f"{topic}-legacy", json.dumps(legacy))
-    import fastavro
-    import io
-
     payload = io.BytesIO()
     fastavro.schemaless_writer(payload, fastavro.parse_schema(legacy), {"id": 7})
     produce(kafka_bootstrap, topic, [good[0], frame(legacy_id, payload.getvalue())])
@@ -142,8 +140,8 @@ def test_a_writer_the_reader_cannot_resolve_parks_the_range_naming_subject_ids_a
         parked = [e for e in state.events if e.kind is EventKind.PARKED and e.shard == shard]
         assert len(parked) == 1, state.events
         detail = parked[0].detail
-        for part in (f"subject {topic}-value", f"writer schema id {legacy_id}", f"reader schema id {reader_id}", "page"):
-            assert part in detail, detail
+        names = (f"subject {topic}-value", f"writer schema id {legacy_id}", f"reader schema id {reader_id}", "page")
+        assert all(part in detail for part in names), detail
         assert state.shards[shard].attempt == 1, "parked at once: a retry would meet the same record"
         assert not driver.requests(), "a parked shard launches nothing"
 
