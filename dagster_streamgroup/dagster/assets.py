@@ -425,7 +425,6 @@ def _process(
             elif registry_unavailable(exc):
                 member.launch_failed(reports, reason)
                 outcomes = dict.fromkeys((r.shard for r in reports), FailOutcome.RETRY)
-                reason += " (retried with its bounds, no attempt counted)"
             else:
                 outcomes = member.fail_run(reports, reason)
             summary = ", ".join(f"{shard} {outcome.value}" for shard, outcome in outcomes.items())

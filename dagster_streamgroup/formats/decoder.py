@@ -142,7 +142,12 @@ def resolve_reader(
     else:
         raise ValueError(f"{name}: must be 'latest', a version number or a schema, got {spec!r}")
     subject = subject_for(config.registry.subject_name_strategy, sorted(topics)[0], column.record_name, is_key=is_key)
-    registered = source.version(subject, version, serialized=fmt is RecordFormat.PROTOBUF)
+    registered = source.version(subject, version)
+    if fmt is RecordFormat.PROTOBUF and registered.schema_type == "PROTOBUF":
+        found = protobuf.serialized(registered, source, subject)
+        registered = RegisteredText(
+            registered.schema_id, "PROTOBUF", found.text, registered.references, registered.subject, registered.version
+        )
     expected = {RecordFormat.AVRO: "AVRO", RecordFormat.PROTOBUF: "PROTOBUF", RecordFormat.JSON_SCHEMA: "JSON"}[fmt]
     if registered.schema_type != expected:
         raise ValueError(
@@ -282,7 +287,9 @@ class ColumnDecoder:
             problem = None if registered.schema_type == "JSON" else f"schema id {schema_id} is {registered.schema_type}"
             found = (None, problem)
         else:
-            registered = self.source.by_id(schema_id, serialized=True)
+            registered = self.source.by_id(schema_id)
+            if registered.schema_type == "PROTOBUF":
+                registered = protobuf.serialized(registered, self.source)
             if registered.schema_type != "PROTOBUF":
                 found = (None, f"schema id {schema_id} is {registered.schema_type}, not PROTOBUF")
             else:

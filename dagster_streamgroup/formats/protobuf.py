@@ -71,8 +71,35 @@ def _find(file: Any, name: str) -> Any:
     return walk(list(file.message_types_by_name.values()))
 
 
+def is_serialized(text: str) -> bool:
+    """Whether a registered Protobuf schema is the base64 of a ``FileDescriptorProto`` (what confluent-kafka's
+    Python serializer registers, and what registries answer in the ``serialized`` format), not ``.proto`` text."""
+    import base64
+    import binascii
+
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+
+    try:
+        data = base64.b64decode(text.encode("ascii"), validate=True)
+        descriptor_pb2.FileDescriptorProto.FromString(data)
+    except (binascii.Error, ValueError, UnicodeEncodeError, DecodeError):
+        return False
+    return bool(data)
+
+
+def serialized(registered: RegisteredText, source: SchemaSource, subject: str | None = None) -> RegisteredText:
+    """``registered`` as a serialized descriptor: as it is when it already is one (a registry may keep what a Python
+    producer registered, and refuse to convert it again), else asked of the registry in that format."""
+    if is_serialized(registered.text):
+        return registered
+    if subject is not None and registered.version is not None:
+        return source.version(subject, registered.version, serialized=True)
+    return source.by_id(registered.schema_id, serialized=True)
+
+
 def load(registered: RegisteredText, source: SchemaSource) -> ProtoSchema:
-    """The descriptors of a schema fetched in the ``serialized`` format, its references resolved."""
+    """The descriptors of a schema in the ``serialized`` form (``serialized``), its references resolved."""
     from confluent_kafka.schema_registry import Schema, SchemaReference
     from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
     from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto

@@ -143,7 +143,7 @@ class SchemaSource:
             kind = type(exc).__name__
             raise RegistryUnavailableError(
                 f"{REGISTRY_UNAVAILABLE_MARK}: {what}: {where} did not answer within "
-                f"{self.config.timeout_s:g} s ({kind}); the range is retried with its bounds"
+                f"{self.config.timeout_s:g} s ({kind}); the range is retried with its bounds, no attempt counted"
             ) from None
 
     def by_id(self, schema_id: int, *, serialized: bool = False) -> RegisteredText:

@@ -224,19 +224,29 @@ class DecodedRecords:
             exprs.append(F.collect_set(F.col(KEY_ID_COLUMN)).alias("key_ids"))
         self._exprs = exprs
         self._observation = Observation(f"streamgroup_decode_{uuid.uuid4().hex}")
+        self._cached: dict[str, Any] | None = None
         observed = source.observe(self._observation, *exprs)
         self.df = observed if policy is DecodeErrorPolicy.NULL else observed.filter(F.col(ERROR_COLUMN).isNull())
 
     def _metrics(self) -> dict[str, Any]:
+        if self._cached is not None:
+            return self._cached
         observation: Any = self._observation
         java = getattr(observation, "_jo", None)
         if java is not None:
             metrics = dict(observation.get) if java.future().isCompleted() else None
         else:
             metrics = dict(observation.get) or None
-        if metrics is None:  # the function ran no action over its DataFrame: one pass of our own
-            row = self._source.agg(*self._exprs).collect()[0]
-            metrics = row.asDict(recursive=False)
+        # A pass of our own when the function ran no action over its DataFrame, or when its action ran the plan
+        # more than once (a global sort samples the data in a job of its own, and the metrics add up both runs):
+        # more records than a range holds.
+        if metrics is None or any(
+            int(metrics.get(f"records_{i}") or 0) > end - start
+            for shard, i in self._names.items()
+            for start, end in [self._ranges[shard]]
+        ):
+            metrics = self._source.agg(*self._exprs).collect()[0].asDict(recursive=False)
+        self._cached = metrics
         return metrics
 
     def counts(self) -> dict[str, int]:

@@ -19,7 +19,7 @@ def avro_values(
 ) -> list[bytes]:
     """``records`` serialized as a producer with ``schema`` writes them (registered under ``<topic>-value``)."""
     client = SchemaRegistryClient({"url": registry_url})
-    serializer = AvroSerializer(client, json.dumps(schema))
+    serializer = AvroSerializer(schema_registry_client=client, schema_str=json.dumps(schema))
     context = SerializationContext(topic, MessageField.VALUE)
     return [serializer(dict(r), context) for r in records]
 
@@ -61,3 +61,46 @@ CLICK_V2 = {
 }  # fmt: skip
 """The second writer: ``id`` widened to a long, ``referrer`` removed, fields added with defaults (a decimal, a
 timestamp, an enum, an array); BACKWARD-compatible with the first, so the registry accepts it."""
+
+
+def proto_class(package: str, name: str, fields: Sequence[tuple[str, int, str]]) -> Any:
+    """A generated-like Protobuf message class (``fields``: name, number, scalar type), as ``protoc`` would make
+    from a ``.proto`` file of one message, for confluent-kafka's ProtobufSerializer."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    types = {
+        "int32": descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+        "int64": descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+        "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        "double": descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
+        "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+    }
+    file = descriptor_pb2.FileDescriptorProto(name=f"{package}/{name.lower()}.proto", package=package, syntax="proto3")
+    message = file.message_type.add(name=name)
+    for field_name, number, kind in fields:
+        message.field.add(
+            name=field_name, number=number, type=types[kind], label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+        )
+    pool = descriptor_pool.DescriptorPool()
+    descriptor = pool.Add(file).message_types_by_name[name]
+    return message_factory.GetMessageClass(descriptor)
+
+
+def protobuf_values(registry_url: str, topic: str, cls: Any, records: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    client = SchemaRegistryClient({"url": registry_url})
+    serializer = ProtobufSerializer(msg_type=cls, schema_registry_client=client, conf={"use.deprecated.format": False})
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [serializer(cls(**r), context) for r in records]
+
+
+def json_schema_values(
+    registry_url: str, topic: str, schema: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+) -> list[bytes]:
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    client = SchemaRegistryClient({"url": registry_url})
+    serializer = JSONSerializer(schema_str=json.dumps(schema), schema_registry_client=client)
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [serializer(dict(r), context) for r in records]

@@ -50,16 +50,8 @@ def collecting_asset(group: str, rows: list[dict[str, Any]], **kwargs: Any) -> d
 
 
 def typed_resource(bootstrap: str, topic: str, group: str, tmp_path: Path, registry_url: str, **kwargs: Any) -> Any:
-    return group_resource(
-        bootstrap,
-        topic,
-        group,
-        tmp_path,
-        value_format="avro",
-        schema_registry_url=registry_url,
-        max_records_per_run=1000,
-        **kwargs,
-    )
+    settings: dict[str, Any] = {"value_format": "avro", "max_records_per_run": 1000, **kwargs}
+    return group_resource(bootstrap, topic, group, tmp_path, schema_registry_url=registry_url, **settings)
 
 
 def v2_of(record: dict[str, Any], version: int) -> dict[str, Any]:
