@@ -68,7 +68,21 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         return _REGISTRY_FIELDS.get(rest[0], f"schema_registry_{rest[0]}")
     if head in ("key", "value") and rest:
         return f"{head}_{_COLUMN_FIELDS.get(rest[0], rest[0])}"
-    return {"on_decode_error": "on_decode_error"}.get(head, head)
+    return head
+
+
+def _described(loc: tuple[Any, ...], message: str) -> str:
+    """``where: message``, where a check across a block's fields names the field itself (``json_schema: ...``
+    inside the value's block is the resource's ``value_json_schema``)."""
+    where = _field_name(loc)
+    head = str(loc[0]) if loc else ""
+    named, sep, rest = message.partition(": ")
+    if sep and len(loc) == 1 and head in ("key", "value", "registry") and " " not in named:
+        inner = _field_name((head, named))
+        return f"{inner}: {rest}"
+    if not where or message.startswith(f"{where}:"):
+        return message
+    return f"{where}: {message}"
 
 
 def format_config(resource: StreamGroupResource) -> FormatConfig:
@@ -107,9 +121,7 @@ def format_config(resource: StreamGroupResource) -> FormatConfig:
     except ValidationError as exc:
         parts = []
         for err in exc.errors(include_input=False, include_url=False):
-            message = err["msg"].removeprefix("Value error, ")
-            where = _field_name(tuple(err["loc"]))
-            parts.append(f"{where}: {message}" if where and not message.startswith(f"{where}:") else message)
+            parts.append(_described(tuple(err["loc"]), err["msg"].removeprefix("Value error, ")))
         raise StreamGroupConfigError("; ".join(parts)) from None
     if config.typed:
         require("fastavro", "formats", f"the typed records of group {resource.group!r}")

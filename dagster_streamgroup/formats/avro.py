@@ -184,9 +184,9 @@ def _container_header(writer_text: str) -> bytes:
 
 def _container(writer_text: str, payloads: pa.BinaryArray) -> bytes:
     """``payloads`` as one block of an Avro object container file of schema ``writer_text``."""
-    offsets = payloads.offsets
-    start, end = offsets[0].as_py(), offsets[-1].as_py()
-    data_buffer = payloads.buffers()[2]
+    offsets_buffer, data_buffer = payloads.buffers()[1], payloads.buffers()[2]
+    offsets = memoryview(offsets_buffer).cast("i")[payloads.offset : payloads.offset + len(payloads) + 1]
+    start, end = offsets[0], offsets[-1]
     data = memoryview(b"") if data_buffer is None else memoryview(data_buffer)[start:end]
     return b"".join([_container_header(writer_text), _zigzag(len(payloads)), _zigzag(len(data)), data, _OCF_SYNC])
 
