@@ -126,7 +126,7 @@ def parse_frames(array: pa.Array | pa.ChunkedArray) -> Frames:
     n = len(column)
     if n == 0:
         empty = np.zeros(0, dtype=np.bool_)
-        return Frames(pa.array([], pa.binary()), np.zeros(0, np.int64), empty, empty, empty, np.zeros(0, np.uint8))  # type: ignore[arg-type]
+        return Frames(pa.array([], pa.binary()), np.zeros(0, np.int64), empty, empty, empty, np.zeros(0, np.uint8))
     nulls = column.is_null().to_numpy(zero_copy_only=False)
     lengths = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     offsets_buffer, data_buffer = column.buffers()[1], column.buffers()[2]

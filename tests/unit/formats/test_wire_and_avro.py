@@ -40,7 +40,7 @@ def test_protobuf_message_indexes_round_trip(indexes: list[int], payload: bytes)
 records = st.one_of(
     st.none(),
     st.binary(max_size=12),
-    st.builds(lambda i, p: frame(i, p), st.integers(0, 2**31 - 1), st.binary(max_size=12)),
+    st.builds(frame, st.integers(0, 2**31 - 1), st.binary(max_size=12)),
 )
 
 
@@ -181,8 +181,8 @@ def test_types_are_those_spark_avro_gives(schema: Any, arrow: pa.DataType) -> No
 
 
 def test_maps_and_unions_of_several_types_decode_record_by_record() -> None:
-    schema = {"type": "record", "name": "R", "fields": [
-        {"name": "m", "type": {"type": "map", "values": "int"}}, {"name": "u", "type": ["null", "int", "string"]}]}  # fmt: skip
+    fields = [{"name": "m", "type": {"type": "map", "values": "int"}}, {"name": "u", "type": ["null", "int", "string"]}]
+    schema = {"type": "record", "name": "R", "fields": fields}
     parsed = avro.parse(schema)
     out = []
     for record in ({"m": {"a": 1}, "u": "s"}, {"m": {}, "u": 3}, {"m": {}, "u": None}):
