@@ -275,10 +275,10 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         self.policy()
         if self.store_url is not None and not self._from_env_var("store_url"):
             self._check_store_url(self.store_url)
-        from dagster_streamgroup.dagster.typed import FORMAT_FIELDS
+        from dagster_streamgroup.dagster.typed import FORMAT_FIELDS, format_config
 
-        if not any(self._from_env_var(name) for name in FORMAT_FIELDS):
-            self.format_config()
+        # Fields given as EnvVars are checked with stand-ins now, and as resolved when a tick or run uses them.
+        format_config(self, frozenset(name for name in FORMAT_FIELDS if self._from_env_var(name)))
         return self
 
     def format_config(self) -> FormatConfig:

@@ -85,10 +85,21 @@ def _described(loc: tuple[Any, ...], message: str) -> str:
     return f"{where}: {message}"
 
 
-def format_config(resource: StreamGroupResource) -> FormatConfig:
-    """``resource``'s format fields as a ``FormatConfig``; errors name the resource's fields, never a value."""
+_STAND_INS = {
+    "schema_registry_url": "http://unresolved-env-var",
+    "schema_registry_basic_auth_user_info": "unresolved-env-var:unresolved-env-var",
+}
+
+
+def format_config(resource: StreamGroupResource, unresolved: frozenset[str] = frozenset()) -> FormatConfig:
+    """``resource``'s format fields as a ``FormatConfig``; errors name the resource's fields, never a value.
+    ``unresolved``: fields given as EnvVars not resolved yet (checked with stand-ins)."""
     from dagster_streamgroup.dagster.resources import StreamGroupConfigError
     from dagster_streamgroup.formats.config import FormatConfig
+
+    if unresolved:
+        stand_ins = {name: _STAND_INS.get(name, "unresolved-env-var") for name in unresolved}
+        resource = _WithStandIns(resource, stand_ins)  # type: ignore[assignment]
 
     registry: dict[str, Any] | None = None
     if resource.schema_registry_url is not None:
@@ -128,6 +139,19 @@ def format_config(resource: StreamGroupResource) -> FormatConfig:
     if isinstance(resource.key_format, str) and resource.key_format != "bytes" and not hasattr(resource, "topics"):
         raise StreamGroupConfigError("key_format: a v3io record has no key to decode (its partition_key is a string)")
     return config
+
+
+class _WithStandIns:
+    """A resource's fields, with stand-ins for the EnvVars not resolved yet."""
+
+    def __init__(self, resource: StreamGroupResource, stand_ins: Mapping[str, str]) -> None:
+        self._resource = resource
+        self._stand_ins = stand_ins
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._stand_ins:
+            return self._stand_ins[name]
+        return getattr(self._resource, name)
 
 
 def default_decode_options(resource: StreamGroupResource) -> dict[str, str] | None:
