@@ -111,8 +111,8 @@ def click(i: int, rng: random.Random) -> dict[str, Any]:
     """One record's values: about 100 bytes in Avro."""
     return {
         "user_id": rng.randrange(1, 10_000_000),
-        "session": f"{rng.getrandbits(64):016x}",
-        "page": f"/product/{rng.randrange(100_000)}",
+        "session": f"{rng.getrandbits(96):024x}",
+        "page": f"/product/{rng.randrange(100_000)}/details",
         "ts": 1_790_000_000_000 + i,
         "price": round(rng.uniform(1, 500), 2),
         "qty": rng.randrange(1, 10),

@@ -173,9 +173,20 @@ def _zigzag(n: int) -> bytes:
             return bytes(out)
 
 
+def _without_defaults(node: Any) -> Any:
+    """A schema without its fields' defaults, docs and aliases: none of them matters to decoding with the writer
+    schema, and Polars' reader refuses some defaults (an empty string's: "OutOfSpec")."""
+    if isinstance(node, list):
+        return [_without_defaults(item) for item in node]
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k not in ("default", "doc", "aliases")}
+    return node
+
+
 @cache
 def _container_header(writer_text: str) -> bytes:
-    meta = {"avro.schema": writer_text.encode(), "avro.codec": b"null"}
+    stripped = json.dumps(_without_defaults(json.loads(writer_text)))
+    meta = {"avro.schema": stripped.encode(), "avro.codec": b"null"}
     head = bytearray(b"Obj\x01") + _zigzag(len(meta))
     for key, value in meta.items():
         head += _zigzag(len(key)) + key.encode() + _zigzag(len(value)) + value
