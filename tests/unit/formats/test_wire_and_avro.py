@@ -196,3 +196,17 @@ def test_maps_and_unions_of_several_types_decode_record_by_record() -> None:
         {"m": [], "u": {"member0": 3, "member1": None}},
         {"m": [], "u": None},
     ]
+
+
+@pytest.mark.parametrize("default", ["", "x", None, 0])
+def test_the_fast_path_reads_writers_whose_fields_have_defaults(default: Any) -> None:
+    """Polars' reader refused a writer schema with an empty string's default (every batch of such a writer went
+    record by record); the writer's defaults do not matter to decoding with it."""
+    kind = {str: "string", type(None): ["null", "string"], int: "int"}[type(default)]
+    schema = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"},
+              {"name": "c", "type": kind, "default": default}]}  # fmt: skip
+    parsed = avro.parse(schema)
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, parsed, {"a": 1, "c": default})
+    fast = avro._fast_decode(json.dumps(schema), parsed, pa.array([buffer.getvalue()] * 3, pa.binary()))  # type: ignore[arg-type]
+    assert fast is not None and fast.to_pylist() == [{"a": 1, "c": default}] * 3
