@@ -12,6 +12,7 @@ default when unset), as the generated classes give it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -131,7 +132,10 @@ def _is_map(field: Any) -> bool:
 
 
 def _repeated(field: Any) -> bool:
-    return bool(getattr(field, "is_repeated", None) or field.label == field.LABEL_REPEATED)
+    flag = getattr(field, "is_repeated", None)  # protobuf 6 (``label`` is deprecated there)
+    if flag is not None:
+        return bool(flag() if callable(flag) else flag)
+    return bool(field.label == field.LABEL_REPEATED)
 
 
 def _scalar_type(field: Any, depth: int) -> pa.DataType:
@@ -266,29 +270,71 @@ def decode(
     reader: Any,
     parse: Callable[[bytes], Any],
 ) -> tuple[pa.Array, list[str | None] | None]:
-    """Framed records of one writer schema (the 5-byte header still on) as values of message ``reader``."""
+    """Framed records of one writer schema (the 5-byte header still on) as values of message ``reader``: parsed
+    record by record, then built into Arrow column by column (a scalar field is one ``getattr`` a record, in C)."""
     target = arrow_type(reader)
-    values: list[Any] = []
+    messages: list[Any] = []
     errors: list[str | None] = []
     paths: dict[tuple[int, ...], str] = {}
     for record in framed:
         if record is None:
-            values.append(None)
+            messages.append(None)
             errors.append(None)
             continue
         try:
-            indexes, start = read_message_indexes(record, 5)
+            # The first message's path is a single 0 byte: the common case, read without a varint.
+            indexes, start = ([0], 6) if record[5:6] == b"\x00" else read_message_indexes(record, 5)
             key = tuple(indexes)
             name = paths.get(key)
             if name is None:
                 name = paths[key] = writer.message_at(indexes).full_name
             if name != reader.full_name:
                 raise ValueError(f"the record is a {name}, the reader reads {reader.full_name}")
-            value = _to_python(parse(record[start:]), reader)
+            messages.append(parse(record[start:]))
         except Exception as exc:
-            values.append(None)
+            messages.append(None)
             errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
             continue
-        values.append(value)
         errors.append(None)
-    return pa.array(values, target), errors if any(e is not None for e in errors) else None
+    return _columns(messages, reader, target), errors if any(e is not None for e in errors) else None
+
+
+def _columns(messages: Sequence[Any], descriptor: Any, target: pa.DataType) -> pa.Array:
+    """Parsed messages (``None`` for a record that failed) as one struct array of the reader's type."""
+    if descriptor.full_name == TIMESTAMP:
+        return pa.array([None if m is None else _to_python(m, descriptor) for m in messages], target)
+    present = [m for m in messages if m is not None]
+    mask = None if len(present) == len(messages) else pa.array([m is None for m in messages])
+    positions = None if mask is None else _positions(messages)
+    children = []
+    for field, arrow_field in zip(descriptor.fields, target, strict=True):
+        values = list(map(operator.attrgetter(field.name), present))
+        if _is_map(field):
+            value_field = field.message_type.fields_by_name["value"]
+            values = [[(k, _value(v, value_field)) for k, v in value.items()] for value in values]
+        elif _repeated(field):
+            values = [[_value(v, field) for v in value] for value in values]
+        elif field.message_type is not None:
+            values = [
+                _value(v, field) if m.HasField(field.name) else None for v, m in zip(values, present, strict=True)
+            ]
+        elif field.enum_type is not None:
+            names = {number: value.name for number, value in field.enum_type.values_by_number.items()}
+            values = [names.get(v, str(v)) for v in values]
+        elif field.has_presence:
+            values = [v if m.HasField(field.name) else None for v, m in zip(values, present, strict=True)]
+        column = pa.array(values, arrow_field.type)
+        if positions is not None:  # the failed records' rows, null, back in their places
+            column = column.take(positions)
+        children.append(column)
+    return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+
+
+def _positions(messages: Sequence[Any]) -> pa.Array:
+    """Where each record's value is among the parsed messages' (null for a record that failed)."""
+    positions = []
+    k = 0
+    for message in messages:
+        positions.append(None if message is None else k)
+        k += message is not None
+    return pa.array(positions, pa.int64())
