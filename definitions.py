@@ -45,7 +45,15 @@ def streamgroup_resource() -> StreamGroupResource:
         min_backlog=settings.MIN_BACKLOG,
         max_wait_s=settings.MAX_WAIT_S,
         carry_on_s=settings.CARRY_ON_S,
+        **typed_records(),
     )
+
+
+def typed_records() -> dict[str, str]:
+    """``CLICKSTREAM_FORMAT=avro``: the events are Avro under the Schema Registry, decoded into typed columns."""
+    if settings.FORMAT == "avro":
+        return {"value_format": "avro", "schema_registry_url": settings.SCHEMA_REGISTRY_URL}
+    return {}
 
 
 defs = dg.Definitions(

@@ -83,6 +83,20 @@ def local_kafka(host: str, port: int, data: Path | None, sasl_user: str | None) 
         raise click.ClickException(str(exc)) from None
 
 
+@local.command("registry")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8085, show_default=True)
+def local_registry(host: str, port: int) -> None:
+    """Run a local Schema Registry (Apicurio Registry's application, which `scripts/setup.sh` fetched, serving
+    Confluent's API at /apis/ccompat/v7; in-memory storage; Java 21+) in the foreground until Ctrl-C."""
+    from dagster_streamgroup.local.schema_registry import RegistryStartError, serve
+
+    try:
+        serve(host=host, port=port)
+    except RegistryStartError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @local.command("v3io")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8081, show_default=True)

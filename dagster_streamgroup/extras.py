@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-Extra = Literal["local", "postgres"]
+Extra = Literal["local", "postgres", "formats"]
 
 
 class MissingExtraError(ImportError):

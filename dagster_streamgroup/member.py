@@ -313,16 +313,25 @@ class GroupMember:
             self.backend.commit(self.group, fresh)
         return outcome
 
-    def commit_run_state_only(self, reports: Sequence[RangeReport]) -> tuple[RunCommitOutcome, CasStats]:
-        def transition(current: GroupState | None, _now: float) -> tuple[GroupState | None, RunCommitOutcome]:
+    def commit_run_state_only(
+        self, reports: Sequence[RangeReport], dead: Mapping[str, DeadRecords] | None = None
+    ) -> tuple[RunCommitOutcome, CasStats]:
+        """The fenced commit of a run's ranges, with ``dead``: the records of some ranges that could not be decoded,
+        recorded as dead letters in the same write."""
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, RunCommitOutcome]:
             if current is None:
                 return None, _refused_without_state(reports)
-            return protocol.commit_run(current, reports)
+            state, outcome = protocol.commit_run(current, reports)
+            return _with_dead_records(state, reports, outcome, dead, now), outcome
 
         return update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
 
     def commit_run_and_carry_on(
-        self, reports: Sequence[RangeReport], marks: Mapping[str, Watermarks]
+        self,
+        reports: Sequence[RangeReport],
+        marks: Mapping[str, Watermarks],
+        dead: Mapping[str, DeadRecords] | None = None,
     ) -> tuple[RunCommitOutcome, CasStats, list[Launch]]:
         """The fenced commit of a finished run (as ``commit_run_state_only``) and, in the same write, the next
         ranges of its shards under its run key (``protocol.commit_and_carry_on``); ``marks``: the shards'
@@ -335,7 +344,7 @@ class GroupMember:
             if current is None:
                 return None, (_refused_without_state(reports), [])
             state, outcome, launches = protocol.commit_and_carry_on(current, reports, now, watermarks, self.policy)
-            return state, (outcome, launches)
+            return _with_dead_records(state, reports, outcome, dead, now), (outcome, launches)
 
         (outcome, launches), stats = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
         return outcome, stats, launches
@@ -372,6 +381,29 @@ class GroupMember:
             if current is None:
                 return None, dict.fromkeys((r.shard for r in reports), FailOutcome.IGNORED)
             return protocol.fail_run(current, reports, reason, now, self.policy)
+
+        outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
+        return outcome
+
+    def park_run(self, reports: Sequence[RangeReport], parked: Mapping[str, str]) -> dict[str, FailOutcome]:
+        """The ranges of ``parked`` (shard -> why) stop at once (``protocol.park_now``); the run's other ranges
+        are run again with their bounds, without counting an attempt (nothing was wrong with them), in the same
+        write."""
+
+        def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, dict[str, FailOutcome]]:
+            if current is None:
+                return None, dict.fromkeys((r.shard for r in reports), FailOutcome.IGNORED)
+            outcomes: dict[str, FailOutcome] = {}
+            state = current
+            for report in reports:
+                if report.shard in parked:
+                    state, outcomes[report.shard] = protocol.park_now(state, report, parked[report.shard], now)
+            others = [r for r in reports if r.shard not in parked]
+            if others:
+                why = "another range of the run was parked: " + "; ".join(sorted(parked.values()))[:500]
+                state, _ = protocol.launch_failed(state, others, why, now, self.policy)
+                outcomes.update(dict.fromkeys((r.shard for r in others), FailOutcome.RETRY))
+            return state, outcomes
 
         outcome, _ = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
         return outcome
@@ -414,3 +446,30 @@ class GroupMember:
     def load(self) -> GroupState | None:
         state, _ = self.store.load(self.key)
         return state
+
+
+@dataclass(frozen=True)
+class DeadRecords:
+    """The records of one range that could not be decoded: how many, the first ones with their raw bytes, why."""
+
+    count: int
+    records: tuple[protocol.DeadRecord, ...]
+    reason: str
+
+
+def _with_dead_records(
+    state: GroupState | None,
+    reports: Sequence[RangeReport],
+    outcome: RunCommitOutcome,
+    dead: Mapping[str, DeadRecords] | None,
+    now: float,
+) -> GroupState | None:
+    """``state`` with the dead letters of the ranges this commit accepted for the first time."""
+    if not dead or state is None or not outcome.accepted:
+        return state
+    for report in reports:
+        letters = dead.get(report.shard)
+        if letters is None or outcome.outcomes[report.shard].already_committed:
+            continue
+        state = protocol.add_dead_records(state, report, letters.count, letters.records, letters.reason, now)
+    return state

@@ -22,9 +22,21 @@ from dagster_streamgroup.dagster import StreamRange, range_key, ranges_of, strea
 from jobs import settings
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 EVENT_SCHEMA = "user STRING, page STRING, ts LONG, referrer STRING"
+EVENT_AVRO = {
+    "type": "record",
+    "name": "Click",
+    "namespace": "clickstream",
+    "fields": [
+        {"name": "user", "type": "string"},
+        {"name": "page", "type": "string"},
+        {"name": "ts", "type": "long"},
+        {"name": "referrer", "type": "string"},
+    ],
+}
+"""The events' Avro schema (``CLICKSTREAM_FORMAT=avro``): the same fields as ``EVENT_SCHEMA``."""
 PAYLOAD_COLUMNS = ("value", "data")
 """The record bytes: ``value`` from the streamgroup-kafka source, ``data`` from the streamgroup-v3io source."""
 
@@ -34,6 +46,18 @@ def payload_column(df: DataFrame) -> str:
         if name in df.columns:
             return name
     raise ValueError(f"no record payload column ({' or '.join(PAYLOAD_COLUMNS)}) among {df.columns}")
+
+
+def event_column(df: DataFrame) -> Column:
+    """The event as a struct: the typed value itself (``CLICKSTREAM_FORMAT=avro``: the group decodes the records), or
+    the JSON text parsed."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+    from pyspark.sql.types import StructType
+
+    column = payload_column(df)
+    if isinstance(df.schema[column].dataType, StructType):
+        return F.col(column)
+    return F.from_json(F.col(column).cast("string"), EVENT_SCHEMA)
 
 
 def range_directory(shard: str, start: int, end: int) -> str:
@@ -53,9 +77,7 @@ def page_views(df: DataFrame, ranges: Sequence[StreamRange]) -> DataFrame:
     Streaming's own Kafka source in ``bench.peer_spark_streaming``) computes exactly the same thing."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    events = with_range_column(df, ranges).select(
-        "range", F.from_json(F.col(payload_column(df)).cast("string"), EVENT_SCHEMA).alias("e")
-    )
+    events = with_range_column(df, ranges).select("range", event_column(df).alias("e"))
     return events.groupBy(
         "range", F.col("e.page").alias("page"), F.date_trunc("minute", F.timestamp_millis("e.ts")).alias("minute")
     ).agg(F.count(F.lit(1)).alias("views"), F.countDistinct("e.user").alias("users"))

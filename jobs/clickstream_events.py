@@ -43,18 +43,44 @@ def event(rng: random.Random, now_ms: int) -> tuple[bytes, bytes]:
 
 
 def produce_burst(
-    bulk: Producer, trailer: Producer, topic: str, partitions: int, count: int, rng: random.Random
+    bulk: Producer,
+    trailer: Producer,
+    topic: str,
+    partitions: int,
+    count: int,
+    rng: random.Random,
+    encode: Callable[[bytes], bytes] | None = None,
 ) -> None:
-    """``count`` events partitioned by key (the user), then one single-record batch per partition."""
+    """``count`` events partitioned by key (the user), then one single-record batch per partition; ``encode`` turns
+    each JSON event into what is written (``avro_encoder``)."""
     now_ms = int(time.time() * 1000)
     for _ in range(count):
         key, value = event(rng, now_ms)
-        produce_or_wait(bulk, topic, value, key=key)
+        produce_or_wait(bulk, topic, encode(value) if encode else value, key=key)
     _flush(bulk)
     for partition in range(partitions):
         key, value = event(rng, now_ms)
-        trailer.produce(topic, value, key, partition=partition)
+        trailer.produce(topic, encode(value) if encode else value, key, partition=partition)
     _flush(trailer)
+
+
+def avro_encoder(registry_url: str, topic: str) -> Callable[[bytes], bytes]:
+    """Events written as real producers write Avro: confluent-kafka's ``AvroSerializer`` registers the schema
+    (subject ``<topic>-value``) and frames each record with its id."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from jobs.clickstream import EVENT_AVRO
+
+    client = SchemaRegistryClient({"url": registry_url})
+    serializer = AvroSerializer(schema_registry_client=client, schema_str=json.dumps(EVENT_AVRO))
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def encode(value: bytes) -> bytes:
+        return bytes(serializer(json.loads(value), context))
+
+    return encode
 
 
 def _flush(producer: Producer, timeout_s: float = 60.0) -> None:
@@ -147,7 +173,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8, help="partitions (kafka) or shards (v3io) to create")
     parser.add_argument("--rate", type=int, default=500, help="events per second")
     parser.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
+    parser.add_argument("--format", choices=["json", "avro"], default="json", help="kafka: how events are written")
+    parser.add_argument("--registry", default=None, help="--format avro: the Schema Registry's URL")
     args = parser.parse_args()
+    if args.format == "avro" and (args.stream != "kafka" or not args.registry):
+        parser.error("--format avro: Kafka only, with --registry URL")
     if args.rate < 1 or args.partitions < 1:
         parser.error("--rate and --partitions must be >= 1")
     burst: Callable[[random.Random], int]
@@ -155,10 +185,11 @@ def main() -> None:
         client: dict[str, PropertyValue] = {"bootstrap.servers": args.bootstrap}
         create_topics(client, {args.topic: args.partitions}, exist_ok=True)
         bulk, trailer = producers(client)
-        target = f"{args.topic} on {args.bootstrap}"
+        target = f"{args.topic} on {args.bootstrap}" + (f" as Avro ({args.registry})" if args.format == "avro" else "")
+        encode = avro_encoder(args.registry, args.topic) if args.format == "avro" else None
 
         def burst(rng: random.Random) -> int:
-            produce_burst(bulk, trailer, args.topic, args.partitions, args.rate, rng)
+            produce_burst(bulk, trailer, args.topic, args.partitions, args.rate, rng, encode)
             return int(args.rate + args.partitions)
 
     else:

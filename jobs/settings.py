@@ -83,6 +83,12 @@ OUTPUT = Path(_text("CLICKSTREAM_OUTPUT", "output/clickstream")).resolve()
 SPARK_MASTER = _text("CLICKSTREAM_SPARK_MASTER", "local[2]")
 SPARK_REMOTE = os.environ.get("CLICKSTREAM_SPARK_REMOTE", "").strip() or None
 
+FORMATS = ("json", "avro")
+FORMAT = _choice("CLICKSTREAM_FORMAT", "json", FORMATS)
+"""How the events are encoded: ``json`` text, or ``avro`` in the Confluent wire format with the schema in the Schema
+Registry at ``CLICKSTREAM_SCHEMA_REGISTRY_URL`` (Kafka only): the group then hands the function typed columns."""
+SCHEMA_REGISTRY_URL = _text("CLICKSTREAM_SCHEMA_REGISTRY_URL", "http://127.0.0.1:8085/apis/ccompat/v7")
+
 # Kafka
 BOOTSTRAP = _text("CLICKSTREAM_BOOTSTRAP", "127.0.0.1:9092")
 TOPIC = _text("CLICKSTREAM_TOPIC", "clicks")
@@ -126,3 +132,5 @@ def _check_v3io() -> None:
 
 if STREAM == "v3io":
     _check_v3io()
+    if FORMAT != "json":
+        raise SettingsError("CLICKSTREAM_FORMAT: the example's v3io stream carries json events")

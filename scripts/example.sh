@@ -12,6 +12,9 @@
 # a KV item next to the stream. The key is also left in ./dagster_home/v3io-access-key (mode 600) for the CLI:
 #   V3IO_ACCESS_KEY=$(cat dagster_home/v3io-access-key) CLICKSTREAM_STREAM=v3io CLICKSTREAM_V3IO_API=... \
 #     .venv/bin/streamgroup status --group clickstream
+# FORMAT=avro writes the events as Avro in the Confluent wire format: the local Schema Registry (Apicurio
+# Registry, Confluent's API, `streamgroup local registry`) starts beside the broker, the producer registers the
+# schema through confluent-kafka's AvroSerializer, and the group hands the function typed columns (docs/formats.md).
 # DAGSTER_STORAGE=postgres keeps the Dagster instance's runs, events and schedules in a temporary PostgreSQL
 # server on 127.0.0.1 (deleted on stop) instead of SQLite files in ./dagster_home: ./dagster_home/dagster.yaml
 # is ./dagster.yaml plus a storage block whose password is read from DAGSTER_PG_PASSWORD, generated for this
@@ -27,6 +30,12 @@ case "$DAGSTER_STORAGE" in
   sqlite|postgres) ;;
   *) echo "example: DAGSTER_STORAGE must be sqlite or postgres (default sqlite), got '$DAGSTER_STORAGE'" >&2; exit 2 ;;
 esac
+FORMAT=${FORMAT:-json}
+case "$FORMAT" in json|avro) ;; *) echo "example: FORMAT must be json or avro, got '$FORMAT'" >&2; exit 2 ;; esac
+if [ "$FORMAT" = avro ] && [ "${STREAM:-kafka}" != kafka ]; then
+  echo "example: FORMAT=avro needs STREAM=kafka" >&2
+  exit 2
+fi
 bash scripts/setup.sh
 
 PORT=${PORT:-3000}
@@ -102,7 +111,24 @@ if [ "$STREAM" = kafka ]; then
 from dagster_streamgroup.local.kafka_broker import wait_until_answering
 wait_until_answering("$CLICKSTREAM_BOOTSTRAP", timeout_s=90)
 PY
-  .venv/bin/python -m jobs.clickstream_events --bootstrap "$CLICKSTREAM_BOOTSTRAP" --rate "$RATE" &
+  producer_format=()
+  if [ "$FORMAT" = avro ]; then
+    REGISTRY_PORT=${REGISTRY_PORT:-$(.venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import free_port; print(free_port())')}
+    .venv/bin/streamgroup local registry --port "$REGISTRY_PORT" &
+    pids+=($!)
+    export CLICKSTREAM_FORMAT=avro CLICKSTREAM_SCHEMA_REGISTRY_URL="http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7"
+    .venv/bin/python - <<PY
+import time
+from dagster_streamgroup.local.schema_registry import answers
+deadline = time.monotonic() + 120
+while not answers("$CLICKSTREAM_SCHEMA_REGISTRY_URL"):
+    if time.monotonic() > deadline:
+        raise SystemExit("example: the Schema Registry did not answer within 120 s")
+    time.sleep(0.3)
+PY
+    producer_format=(--format avro --registry "$CLICKSTREAM_SCHEMA_REGISTRY_URL")
+  fi
+  .venv/bin/python -m jobs.clickstream_events --bootstrap "$CLICKSTREAM_BOOTSTRAP" --rate "$RATE" "${producer_format[@]}" &
   pids+=($!)
 else
   V3IO_PORT=${V3IO_PORT:-$(.venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import free_port; print(free_port())')}

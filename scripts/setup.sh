@@ -3,7 +3,9 @@
 # the locked virtualenv (.venv/: the package with its extras [local] and [postgres] and the dev group, which
 # names them; PYTHON picks another supported interpreter, 3.11-3.14), Apache Kafka's broker and tools (jars from Maven Central, pinned by
 # kafka/pom.xml and checked against kafka/jars.sha256, in .tools/), Spark's own Kafka source for the
-# pinned Spark (spark_kafka/pom.xml, checked against spark_kafka/jars.sha256), and, when run as root, Java 17, Maven
+# pinned Spark (spark_kafka/pom.xml, checked against spark_kafka/jars.sha256), Spark's Avro functions (spark_formats/),
+# the local Schema Registry (Apicurio Registry's runnable application, registry/pom.xml, its archive and every unpacked
+# file checked against registry/*.sha256; it runs on a Java 21+, found or named here), and, when run as root, Java 17, Maven
 # and PostgreSQL from Debian's packages if they are missing. Safe to run again: each step is skipped when
 # already done (a second run fetches nothing).
 set -euo pipefail
@@ -72,6 +74,44 @@ fetch_jars kafka/pom.xml kafka/jars.sha256 ".tools/kafka-$KAFKA_VERSION/libs" "A
 SPARK_VERSION=$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' spark_kafka/pom.xml)
 fetch_jars spark_kafka/pom.xml spark_kafka/jars.sha256 ".tools/spark-kafka-$SPARK_VERSION/jars" \
   "Spark $SPARK_VERSION's Kafka source (spark-sql-kafka-0-10)"
+
+fetch_jars spark_formats/pom.xml spark_formats/jars.sha256 ".tools/spark-formats-$SPARK_VERSION/jars" \
+  "Spark $SPARK_VERSION's Avro functions (spark-avro)"
+
+# The local Schema Registry: one archive from Maven Central (copied by Maven, checked against registry/archive.sha256),
+# unpacked into .tools/ and every file checked against registry/files.sha256; fetched again only when a file is
+# missing or differs.
+REGISTRY_VERSION=$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' registry/pom.xml)
+REGISTRY_DIR=".tools/apicurio-registry-$REGISTRY_VERSION"
+registry_ok() {
+  [ -d "$REGISTRY_DIR" ] && (cd "$REGISTRY_DIR" && sha256sum --quiet --strict -c "$OLDPWD/registry/files.sha256" >/dev/null 2>&1) \
+    && [ "$(find "$REGISTRY_DIR" -type f | wc -l)" = "$(wc -l < registry/files.sha256)" ]
+}
+if ! registry_ok; then
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "setup: installing Maven (it fetches the Schema Registry)"
+    apt_install mvn maven
+  fi
+  echo "setup: fetching Apicurio Registry $REGISTRY_VERSION (the local Schema Registry) from Maven Central into $REGISTRY_DIR"
+  rm -rf "$REGISTRY_DIR.download" "$REGISTRY_DIR.partial"
+  mvn -q -B -f registry/pom.xml -Dmaven.repo.local="$PWD/.tools/m2" dependency:copy-dependencies \
+    -DincludeScope=runtime -DexcludeTransitive=true -DoutputDirectory="$PWD/$REGISTRY_DIR.download"
+  if ! (cd "$REGISTRY_DIR.download" && sha256sum --quiet --strict -c "$OLDPWD/registry/archive.sha256"); then
+    echo "setup: the Schema Registry archive in $REGISTRY_DIR.download does not match registry/archive.sha256" >&2
+    exit 1
+  fi
+  mkdir -p "$REGISTRY_DIR.partial"
+  tar -xzf "$REGISTRY_DIR.download/$(cut -d' ' -f3 registry/archive.sha256)" -C "$REGISTRY_DIR.partial"
+  rm -rf "$REGISTRY_DIR.download" "$REGISTRY_DIR" && mv "$REGISTRY_DIR.partial" "$REGISTRY_DIR"
+  if ! registry_ok; then
+    echo "setup: the files of the Schema Registry in $REGISTRY_DIR do not match registry/files.sha256" >&2
+    exit 1
+  fi
+fi
+# It runs on Java 21 or newer (Debian 12 packages only 17): found where the registry's own lookup finds it.
+if ! registry_java=$("$PWD/.venv/bin/python" -c 'from dagster_streamgroup.local.schema_registry import registry_java; print(registry_java())' 2>/dev/null); then
+  echo "setup: no Java 21+ for the local Schema Registry (JAVA_HOME, the PATH and /usr/lib/jvm looked at); install one or set STREAMGROUP_REGISTRY_JAVA" >&2
+fi
 
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
   echo "setup: installing PostgreSQL server binaries"

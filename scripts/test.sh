@@ -17,6 +17,9 @@ fi
 if ! .venv/bin/python -c 'from dagster_streamgroup.local.kafka_broker import kafka_libs; kafka_libs()' 2>/dev/null; then
   missing+=("kafka: Apache Kafka's jars (scripts/setup.sh fetches them with Maven)")
 fi
+if ! .venv/bin/python -c 'from dagster_streamgroup.local.schema_registry import registry_home, registry_java; registry_home(); registry_java()' 2>/dev/null; then
+  missing+=("registry: the local Schema Registry (Apicurio Registry, fetched by scripts/setup.sh) or a Java 21+ to run it")
+fi
 for item in "${missing[@]}"; do
   if [[ "$optional" == *",${item%%:*},"* ]]; then
     echo "test: ${item#*: } missing; its tests are skipped (STREAMGROUP_OPTIONAL lists ${item%%:*})" >&2

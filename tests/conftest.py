@@ -16,6 +16,7 @@ from dagster_streamgroup.dagster.resources import release_cached_clients
 pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.kafka",
+    "tests.fixtures.registry",
     "tests.fixtures.v3io",
     "tests.fixtures.spark_cluster",
 ]

@@ -43,8 +43,11 @@ from dagster_streamgroup.dagster.checks import (
 from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
 from dagster_streamgroup.dagster.recorded import materialized_for
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
-from dagster_streamgroup.member import ContentionError, GroupMember
-from dagster_streamgroup.protocol import GroupState, Launch, RangeReport, report_of
+from dagster_streamgroup.dagster.typed import RunDecoding, run_decoding
+from dagster_streamgroup.formats.spark import DecodedRecords, DecodeOutcome, DecodeParkError, registry_unavailable
+from dagster_streamgroup.member import ContentionError, DeadRecords, GroupMember
+from dagster_streamgroup.protocol import DeadRecord, GroupState, Launch, RangeReport, report_of
+from dagster_streamgroup.protocol.completion import FailOutcome
 from dagster_streamgroup.streams.base import StreamError, Watermarks
 
 PARENT_RUN_ID_TAG = "dagster/parent_run_id"
@@ -52,6 +55,8 @@ PARENT_RUN_ID_TAG = "dagster/parent_run_id"
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from dagster_streamgroup.formats.config import ReaderSpec
 
 StreamFn = Callable[[dg.AssetExecutionContext, "DataFrame"], Mapping[str, Any] | None]
 """The user's function: processes a run's DataFrame (every range of the run) idempotently per range, may
@@ -170,6 +175,8 @@ def stream_asset(
     group_name: str | None = None,
     kinds: set[str] | None = None,
     freshness_policy: dg.FreshnessPolicy | None = None,
+    value_schema: "ReaderSpec | None" = None,
+    key_schema: "ReaderSpec | None" = None,
     **asset_kwargs: Any,
 ) -> Callable[[StreamFn], dg.AssetsDefinition]:
     """Turn ``fn(context, df) -> metadata | None`` into the stream asset of consumer group ``group``.
@@ -179,6 +186,9 @@ def stream_asset(
     ``StreamGroupResource`` (e.g. ``KafkaStreamGroup``) whose ``group`` is ``group``; ``spark_resource_key`` a
     dagster-pyspark resource (``StreamSparkResource``). ``freshness_policy``: none by default (an idle stream
     would go stale); ``stream_freshness_policy(group_resource)`` derives one from the group's latency settings.
+    ``value_schema`` / ``key_schema`` (typed records, the resource's ``value_format``): the reader schema the
+    DataFrame's ``value`` / ``key`` columns take for the whole run, ``latest`` (the subject's latest version at the
+    run's start, the default), a version number, or a schema (Avro or JSON Schema, as JSON text or a dict).
     Other keywords describe the asset (``owners``, ``tags``, ``code_version``, ``deps``, ``automation_condition``)
     or its op (``op_tags``, ``retry_policy``, ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them."""
 
@@ -224,7 +234,8 @@ def stream_asset(
             if resource.group != group:
                 raise dg.Failure(f"resource {resource_key!r} is group {resource.group!r}, the asset needs {group!r}")
             spark_resource = getattr(context.resources, spark_resource_key)
-            yield from run_ranges(context, config, resource, spark_resource, fn, asset_key)
+            decoding = run_decoding(resource, value_schema, key_schema)
+            yield from run_ranges(context, config, resource, spark_resource, fn, asset_key, decoding)
 
         assert isinstance(_stream_asset, dg.AssetsDefinition)
         return _stream_asset
@@ -257,6 +268,7 @@ def run_ranges(
     spark_resource: Any,
     fn: StreamFn,
     asset_key: dg.AssetKey,
+    decoding: RunDecoding | None = None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
     ranges = run_ranges_of(context)
     reports = sgt.member_reports(config, resource.group, context.run.tags)
@@ -276,7 +288,7 @@ def run_ranges(
     wave = 0
 
     def process(ranges: list[sgt.RangeSpec], reports: list[RangeReport] | None) -> _ProcessedWave:
-        return _process(context, resource, spark_resource, fn, asset_key, ranges, reports, member)
+        return _process(context, resource, spark_resource, fn, asset_key, ranges, reports, member, decoding)
 
     def carry_on(launches: Sequence[Launch]) -> tuple[list[sgt.RangeSpec], list[RangeReport]]:
         nonlocal wave
@@ -293,7 +305,7 @@ def run_ranges(
     with heartbeat or contextlib.nullcontext():
         processed = process(ranges, reports)
         while True:
-            committed = _commit(context, resource, ranges, reports, member, carry_until)
+            committed = _commit(context, resource, ranges, reports, member, carry_until, processed)
             marks, state, last = committed.marks, committed.state, ranges
             if wave == 0:  # a later wave holds shards of the first (a run carries on only with its own)
                 _ensure_partitions(context, [r.shard for r in ranges])
@@ -337,6 +349,8 @@ class _ProcessedWave:
     user_metadata: dict[str, dg.MetadataValue]
     session_s: float
     process_s: float
+    decode: DecodeOutcome | None = None
+    """Typed records: what became of each shard's records (decoded, dead-lettered, nulled)."""
 
 
 @dataclass(frozen=True)
@@ -379,15 +393,20 @@ def _process(
     ranges: list[sgt.RangeSpec],
     reports: list[RangeReport] | None,
     member: GroupMember | None,
+    decoding: RunDecoding | None = None,
 ) -> _ProcessedWave:
     """A wave's Spark work: read its ranges, call the stream function, count the records. On failure the ranges
-    are reported failed (retried by the group) before the error is raised."""
+    are reported failed (retried by the group) before the error is raised: a registry that could not be asked
+    retries them with their bounds without counting an attempt, records that a retry would meet again (a writer
+    schema the reader cannot resolve, a bad record under ``on_decode_error: fail``) park their range at once."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
         session_s = time.monotonic() - t0
         t1 = time.monotonic()
-        observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges})
+        if decoding is not None and not decoding.resolved:
+            context.log.info(f"{resource.group}: decodes {decoding.describe()}")
+        observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges}, decoding)
         token = _WAVE.set(list(ranges))
         try:
             extra = dict(fn(context, observed.df) or {})
@@ -395,16 +414,23 @@ def _process(
             _WAVE.reset(token)
         process_s = time.monotonic() - t1
         records = observed.counts()
+        decode = observed.settle() if isinstance(observed, DecodedRecords) else None
         # Checked now, not after the commit: a commit must never be left without its materialization.
         user_metadata = _checked_metadata(asset_key, extra)
     except Exception as exc:
         if member is not None and reports:
             reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
-            outcomes = member.fail_run(reports, reason)
+            if isinstance(exc, DecodeParkError):
+                outcomes = member.park_run(reports, exc.parked)
+            elif registry_unavailable(exc):
+                member.launch_failed(reports, reason)
+                outcomes = dict.fromkeys((r.shard for r in reports), FailOutcome.RETRY)
+            else:
+                outcomes = member.fail_run(reports, reason)
             summary = ", ".join(f"{shard} {outcome.value}" for shard, outcome in outcomes.items())
             context.log.error(f"{_describe(reports)} failed ({summary}): {reason}")
         raise
-    return _ProcessedWave(records, user_metadata, session_s, process_s)
+    return _ProcessedWave(records, user_metadata, session_s, process_s, decode)
 
 
 def _commit(
@@ -414,6 +440,7 @@ def _commit(
     reports: list[RangeReport] | None,
     member: GroupMember | None,
     carry_until: float,
+    processed: _ProcessedWave | None = None,
 ) -> _CommittedWave:
     """A processed wave's commit (nothing for a backfill), then its offsets mirrored into the backend. Before
     ``carry_until`` the commit also plans the shards' next wave, in the same state write
@@ -427,10 +454,11 @@ def _commit(
     launches: list[Launch] = []
     already: frozenset[str] = frozenset()
     if member is not None and reports:
+        dead = _dead_records(processed.decode if processed is not None else None)
         if carrying:
-            outcome, stats, launches = member.commit_run_and_carry_on(reports, marks)
+            outcome, stats, launches = member.commit_run_and_carry_on(reports, marks, dead)
         else:
-            outcome, stats = member.commit_run_state_only(reports)
+            outcome, stats = member.commit_run_state_only(reports, dead)
         if not outcome.accepted:
             refusals = outcome.refusals
             raise CommitRefusedError(
@@ -453,6 +481,22 @@ def _commit(
     if not marks:
         marks = _watermarks(resource, shards)
     return _CommittedWave(marks, state, mirrored, carrying, launches, already)
+
+
+def _dead_records(decode: DecodeOutcome | None) -> dict[str, DeadRecords] | None:
+    """The dead letters of a wave's undecodable records, for its commit."""
+    if decode is None:
+        return None
+    out = {}
+    for shard, outcome in decode.shards.items():
+        if outcome.dead_lettered:
+            first = outcome.dead_records[0] if outcome.dead_records else None
+            reason = f"{outcome.dead_lettered} of {outcome.records} records could not be decoded (on_decode_error: " + (
+                f"dead_letter); the first, at offset {first.offset}: {first.error}" if first else "dead_letter)"
+            )
+            records = tuple(DeadRecord(r.offset, r.error, r.key, r.value) for r in outcome.dead_records)
+            out[shard] = DeadRecords(outcome.dead_lettered, records, reason[:MAX_REASON])
+    return out or None
 
 
 def _materializations(
@@ -498,6 +542,11 @@ def _materializations(
         lag = lags.get(spec.shard)
         if lag is not None:
             metadata["lag"] = dg.MetadataValue.int(lag)
+        decoded = processed.decode.shards.get(spec.shard) if processed.decode is not None else None
+        if decoded is not None:
+            metadata["decoded"] = dg.MetadataValue.int(decoded.decoded)
+            metadata["dead_lettered"] = dg.MetadataValue.int(decoded.dead_lettered)
+            metadata["nulled"] = dg.MetadataValue.int(decoded.nulled)
         metadata.update(processed.user_metadata)
         out.append(dg.AssetMaterialization(asset_key=asset_key, partition=spec.shard, metadata=metadata))
     return out

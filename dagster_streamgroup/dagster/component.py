@@ -70,6 +70,13 @@ class StreamAssetAttributes(dg.Model):
     kinds: list[str] | None = Field(default=None, description="Kinds shown in the UI (default: spark).")
     owners: list[str] | None = Field(default=None, description="Owners: emails, or team:NAME.")
     tags: dict[str, str] | None = Field(default=None, description="Asset tags.")
+    value_schema: str | int | None = Field(
+        default=None,
+        description="Typed records (value_format): the reader schema of the DataFrame's value for a whole run: "
+        "latest (the subject's latest version at the run's start, the default), a version number, or a schema "
+        "(Avro or JSON Schema as JSON text).",
+    )
+    key_schema: str | int | None = Field(default=None, description="The same for the key (key_format).")
 
 
 class ComponentConfigError(ResolutionException):
@@ -231,9 +238,21 @@ def located_error(
     return ComponentConfigError(f"{text}\n{snippet}" if snippet else text)
 
 
-_CONNECTION_STRINGS = frozenset({"store_url", "remote"})
-"""Besides the stream connection's own fields, the URLs that may hold a secret: the state store's (a password),
-a Spark Connect server's (``;token=``)."""
+_CONNECTION_STRINGS = frozenset(
+    {
+        "store_url",
+        "remote",
+        "schema_registry_url",
+        "schema_registry_basic_auth_user_info_file",
+        "schema_registry_bearer_token_file",
+    }
+)
+"""Besides the stream connection's own fields, the URLs that may hold a secret (the state store's: a password; a
+Spark Connect server's: ``;token=``; the Schema Registry's), and where the registry's credentials are."""
+_REGISTRY_SECRETS = {
+    "schema_registry_basic_auth_user_info": "schema_registry_basic_auth_user_info_file",
+    "schema_registry_bearer_token": "schema_registry_bearer_token_file",
+}
 
 KAFKA_ATTRIBUTES = ResourceAttributes(
     KafkaStreamGroup,
@@ -242,11 +261,12 @@ KAFKA_ATTRIBUTES = ResourceAttributes(
         for n, f in KafkaStreamGroup.model_fields.items()
         if _str_typed(f.annotation) and (n in KafkaStreamConfig.model_fields or n in _CONNECTION_STRINGS)
     ),
-    secret_fields=frozenset({"sasl_password", "oauthbearer_client_secret", "ssl_key_password"}),
+    secret_fields=frozenset({"sasl_password", "oauthbearer_client_secret", "ssl_key_password", *_REGISTRY_SECRETS}),
     secret_alternatives={
         "sasl_password": "sasl_password_file",
         "oauthbearer_client_secret": "oauthbearer_client_secret_file",
         "ssl_key_password": "ssl_key_password_file",
+        **_REGISTRY_SECRETS,
     },
 )
 V3IO_ATTRIBUTES = ResourceAttributes(
@@ -256,8 +276,8 @@ V3IO_ATTRIBUTES = ResourceAttributes(
         for n, f in V3ioStreamGroup.model_fields.items()
         if _str_typed(f.annotation) and (n in V3ioStreamConfig.model_fields or n in _CONNECTION_STRINGS)
     ),
-    secret_fields=frozenset({"access_key"}),
-    secret_alternatives={"access_key": "access_key_file"},
+    secret_fields=frozenset({"access_key", *_REGISTRY_SECRETS}),
+    secret_alternatives={"access_key": "access_key_file", **_REGISTRY_SECRETS},
 )
 SPARK_ATTRIBUTES = ResourceAttributes(
     StreamSparkResource,
@@ -427,6 +447,8 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
             freshness_policy=self.freshness_policy(),
             owners=self.asset.owners,
             tags=self.asset.tags,
+            value_schema=self.asset.value_schema,
+            key_schema=self.asset.key_schema,
         )(self.function)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:

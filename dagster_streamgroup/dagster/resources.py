@@ -33,6 +33,9 @@ from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamCo
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
+    from dagster_streamgroup.dagster.typed import RunDecoding
+    from dagster_streamgroup.formats.config import FormatConfig
+    from dagster_streamgroup.formats.spark import DecodedRecords
     from dagster_streamgroup.spark.record_counts import ObservedRecords
 
 T = TypeVar("T")
@@ -188,6 +191,50 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     lag_alert_records: int = Field(
         default=1_000_000, description="The lag asset check fails when a shard is further behind than this."
     )
+    value_format: str = Field(
+        default="bytes",
+        description="How values are encoded: bytes (as they are, Spark's Kafka schema), string, json (with "
+        "value_json_schema), avro, protobuf or json_schema (the Confluent wire format, schemas in the registry at "
+        "schema_registry_url): the stream asset's DataFrame then has value as typed columns.",
+    )
+    key_format: str = Field(
+        default="bytes", description="How Kafka keys are encoded (the same choices as value_format)."
+    )
+    value_json_schema: str | None = Field(default=None, description="With value_format json: the JSON Schema.")
+    key_json_schema: str | None = Field(default=None, description="With key_format json: the JSON Schema.")
+    value_record_name: str | None = Field(
+        default=None,
+        description="The value's fully qualified record name (RecordNameStrategy, TopicRecordNameStrategy).",
+    )
+    key_record_name: str | None = Field(default=None, description="The key's record name (as value_record_name).")
+    on_decode_error: str = Field(
+        default="fail",
+        description="A record that cannot be decoded: fail (park its range, nothing committed), dead_letter (its "
+        "coordinates, raw bytes and error go to the group's dead letters; the rest is committed) or null (a null "
+        "value and the error in decodeError).",
+    )
+    schema_registry_url: str | None = Field(
+        default=None, description="The Schema Registry's URL (Confluent's API), or several, comma-separated."
+    )
+    schema_registry_basic_auth_user_info: str | None = Field(
+        default=None, repr=False, description="USER:PASSWORD for the registry's basic auth: use EnvVar."
+    )
+    schema_registry_basic_auth_user_info_file: str | None = Field(
+        default=None, description="A mounted file holding USER:PASSWORD."
+    )
+    schema_registry_bearer_token: str | None = Field(
+        default=None, repr=False, description="A static bearer token for the registry: use EnvVar."
+    )
+    schema_registry_bearer_token_file: str | None = Field(default=None, description="A mounted file holding it.")
+    schema_registry_ssl_ca_location: str | None = None
+    schema_registry_ssl_certificate_location: str | None = None
+    schema_registry_ssl_key_location: str | None = None
+    schema_registry_timeout_s: float = Field(default=10.0, description="Seconds a registry request may take.")
+    subject_name_strategy: str = Field(
+        default="TopicNameStrategy",
+        description="Where schemas are registered: TopicNameStrategy (<topic>-value), RecordNameStrategy (the "
+        "record's name) or TopicRecordNameStrategy (<topic>-<record's name>).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -251,7 +298,24 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         url, field = self._at_load("store_url")
         if url is not None:
             self._check_store_url(url, field)
+        from dagster_streamgroup.dagster.typed import FORMAT_FIELDS, format_config
+
+        # Fields given as EnvVars are checked with stand-ins now, and as resolved when a tick or run uses them.
+        format_config(self, frozenset(name for name in FORMAT_FIELDS if self._from_env_var(name)))
         return self
+
+    def format_config(self) -> FormatConfig:
+        """The formats of the stream's records and their registry (``formats.FormatConfig``); a configuration
+        error names the resource's field."""
+        from dagster_streamgroup.dagster.typed import format_config
+
+        return format_config(self)
+
+    def subject_topics(self) -> list[str]:
+        """The names the subject name strategies put before ``-value`` (Kafka: the topics)."""
+        raise NotImplementedError
+
+    OFFSET_COLUMN: ClassVar[str] = "offset"
 
     def _check_store_url(self, url: str, field: str = "store_url") -> None:
         if url == STORE_NEXT_TO_STREAM:
@@ -320,9 +384,13 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         """The records of ``[start, end)`` of ``shard`` as a Spark DataFrame (lazy)."""
         return self.read_ranges(spark, {shard: (start, end)})
 
-    def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
+    def read_ranges(
+        self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]], *, decode: Mapping[str, str] | None = None
+    ) -> DataFrame:
         """The records of every ``shard: [start, end)`` as one Spark DataFrame (lazy): one read, one query
-        plan, however many shards a run holds; large ranges are split into several Spark partitions."""
+        plan, however many shards a run holds; large ranges are split into several Spark partitions. Typed records
+        (``value_format``) are decoded under the subjects' latest schemas unless ``decode`` holds a run's
+        (``formats.spark.decode_options``; ``{}``: raw bytes)."""
         raise NotImplementedError
 
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:
@@ -333,11 +401,16 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         """True on the rows of ``shard`` in a DataFrame this resource read."""
         raise NotImplementedError
 
-    def observed_records(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> ObservedRecords:
-        """The ranges read as one DataFrame whose first action also counts the records of each shard."""
+    def observed_records(
+        self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]], decoding: RunDecoding | None = None
+    ) -> ObservedRecords | DecodedRecords:
+        """The ranges read as one DataFrame whose first action also counts the records of each shard; with the
+        run's ``decoding`` (typed records), decoded under its reader schemas and its decode-error policy."""
+        conditions = {shard: self.shard_condition(shard) for shard in ranges}
+        if decoding is not None:
+            return decoding.observed(spark, ranges, conditions)
         from dagster_streamgroup.spark.record_counts import ObservedRecords
 
-        conditions = {shard: self.shard_condition(shard) for shard in ranges}
         return ObservedRecords(self.read_ranges(spark, ranges), conditions, self.records_by_shard)
 
 
@@ -404,7 +477,13 @@ class KafkaStreamGroup(StreamGroupResource):
         config = self.stream_config()
         return _cached(_backends, config.model_dump_json(), repr(config.client_config()), lambda: KafkaBackend(config))
 
-    def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
+    def subject_topics(self) -> list[str]:
+        return list(self.topics)
+
+    def read_ranges(
+        self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]], *, decode: Mapping[str, str] | None = None
+    ) -> DataFrame:
+        from dagster_streamgroup.dagster.typed import default_decode_options
         from dagster_streamgroup.spark.kafka_read import read_kafka_ranges_by
 
         return read_kafka_ranges_by(
@@ -414,6 +493,7 @@ class KafkaStreamGroup(StreamGroupResource):
             dict(ranges),
             split_records=self.spark_split_records,
             pack_records=self.spark_pack_records,
+            decode=decode if decode is not None else default_decode_options(self),
         )
 
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:
@@ -506,7 +586,15 @@ class V3ioStreamGroup(StreamGroupResource):
             lambda: V3ioStateStore(connection),
         )
 
-    def read_ranges(self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]]) -> DataFrame:
+    OFFSET_COLUMN: ClassVar[str] = "sequence_number"
+
+    def subject_topics(self) -> list[str]:
+        return [self.stream_path.strip("/").rsplit("/", 1)[-1]]
+
+    def read_ranges(
+        self, spark: SparkSession, ranges: Mapping[str, tuple[int, int]], *, decode: Mapping[str, str] | None = None
+    ) -> DataFrame:
+        from dagster_streamgroup.dagster.typed import default_decode_options
         from dagster_streamgroup.spark.v3io_source import read_v3io_ranges
 
         return read_v3io_ranges(
@@ -515,6 +603,7 @@ class V3ioStreamGroup(StreamGroupResource):
             dict(ranges),
             max_records_per_partition=self.spark_split_records,
             min_records_per_partition=self.spark_pack_records,
+            decode=decode if decode is not None else default_decode_options(self),
         )
 
     def records_by_shard(self, df: DataFrame) -> dict[str, int]:

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from dagster_streamgroup.spark.connector import with_spark_kafka_jars
+from dagster_streamgroup.spark.connector import with_spark_format_jars, with_spark_kafka_jars
 from dagster_streamgroup.spark.redaction import with_string_redaction
 from dagster_streamgroup.spark.session import LOCAL_CONF, with_arrow_java_options
 
@@ -54,7 +54,7 @@ def spark_conf(
     if local_dir:
         conf["spark.local.dir"] = local_dir
     conf.update(extra)
-    return with_spark_kafka_jars(with_string_redaction(with_arrow_java_options(conf)))
+    return with_spark_format_jars(with_spark_kafka_jars(with_string_redaction(with_arrow_java_options(conf))))
 
 
 def _parse_conf(items: Sequence[str]) -> dict[str, str]:

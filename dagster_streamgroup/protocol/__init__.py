@@ -15,6 +15,7 @@ from dagster_streamgroup.protocol.completion import (
     RangeReport,
     Refusal,
     RunCommitOutcome,
+    add_dead_records,
     checks_unrecorded,
     commit,
     commit_run,
@@ -24,6 +25,7 @@ from dagster_streamgroup.protocol.completion import (
     fail_run,
     held_back,
     launch_failed,
+    park_now,
     relaunch_key,
     report_of,
     resolve_dead_letters,
@@ -48,6 +50,7 @@ from dagster_streamgroup.protocol.planning import (
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import (
     DeadLetter,
+    DeadRecord,
     EventKind,
     GroupEvent,
     GroupState,
@@ -62,6 +65,7 @@ from dagster_streamgroup.protocol.tick import carry_over, member_tick, membershi
 __all__ = [
     "CommitOutcome",
     "DeadLetter",
+    "DeadRecord",
     "EventKind",
     "FailOutcome",
     "ForeignStateError",
@@ -80,6 +84,7 @@ __all__ = [
     "StateFormatError",
     "UnrecordedRun",
     "Watermark",
+    "add_dead_records",
     "batch_run_key",
     "carry_on",
     "carry_over",
@@ -105,6 +110,7 @@ __all__ = [
     "membership_step",
     "new_group",
     "owned_idle_shards",
+    "park_now",
     "plan",
     "quotas",
     "rebalance",

@@ -21,6 +21,7 @@ from dagster_streamgroup.protocol.planning import Launch
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import (
     DeadLetter,
+    DeadRecord,
     EventKind,
     GroupEvent,
     GroupState,
@@ -483,3 +484,62 @@ def resolve_dead_letters(state: GroupState, shard: str | None = None) -> tuple[G
         return state, []
     kept = tuple(d for d in state.dead_letters if not (shard is None or d.shard == shard))
     return state.model_copy(update={"dead_letters": kept}), resolved
+
+
+def add_dead_records(
+    state: GroupState, report: RangeReport, dead_records: int, records: Sequence[DeadRecord], reason: str, now: float
+) -> GroupState:
+    """A committed range's records that could not be decoded (``dead_records`` of them, the first ``records``
+    with their raw bytes): a dead letter and an event, in the write that commits the range."""
+    letter = DeadLetter(
+        shard=report.shard,
+        start=report.start,
+        end=report.end,
+        reason=reason,
+        at=now,
+        run_key=report.run_key,
+        dead_records=dead_records,
+        records=tuple(records),
+    )
+    event = GroupEvent(
+        kind=EventKind.DEAD_LETTER,
+        at=now,
+        shard=report.shard,
+        member_id=report.member_id,
+        start=report.start,
+        end=report.end,
+        detail=reason,
+    )
+    return add_events(state.model_copy(update={"dead_letters": (*state.dead_letters, letter)}), event)
+
+
+def park_now(state: GroupState, report: RangeReport, reason: str, now: float) -> tuple[GroupState, FailOutcome]:
+    """The run of the in-flight range met records that a retry would meet again (a writer schema the reader
+    cannot resolve, an undecodable record under ``on_decode_error: fail``): the range is parked at once, with an
+    event, without spending the retries. Only the run in flight may report, as for ``fail``."""
+    shard = state.shards.get(report.shard)
+    inflight = shard.inflight if shard is not None else None
+    if (
+        shard is None
+        or inflight is None
+        or inflight.run_key != report.run_key
+        or inflight.epoch != report.epoch
+        or inflight.member_id != report.member_id
+    ):
+        return state, FailOutcome.IGNORED
+    detail = f"run {report.run_key}: {reason}"
+    parked = Parked(start=report.start, end=report.end, reason=detail, at=now)
+    updated = _leave_if_departed(
+        state, evolve(shard, inflight=None, retry_end=inflight.end, attempt=inflight.attempt + 1, parked=parked)
+    )
+    event = GroupEvent(
+        kind=EventKind.PARKED,
+        at=now,
+        shard=report.shard,
+        member_id=report.member_id,
+        start=report.start,
+        end=report.end,
+        detail=detail,
+    )
+    new_state = state.model_copy(update={"shards": {**state.shards, report.shard: updated}})
+    return add_events(new_state, event), FailOutcome.PARKED

@@ -17,13 +17,15 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 STATE_KIND = "dagster-streamgroup/group-state"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: ``ShardState.retry_end`` and ``ahead_since``; a version-1 state reads as one with neither set.
 3: ``ShardState.last_commit_member``/``last_commit_epoch``, ``GroupState.dead_letters`` and
 ``GroupState.unrecorded_runs``; a version-2 state reads as one with none of them (a replayed commit of a range
 accepted before the upgrade is refused, not applied twice).
 4: ``InFlight.relaunches``/``not_before`` (launches that raised) and ``UnrecordedRun.orphaned_at``; a version-3
-state reads as one with none."""
+state reads as one with none.
+5: ``DeadLetter.records`` and ``DeadLetter.dead_records`` (records a typed range could not decode); a version-4
+state reads as one whose dead letters hold none."""
 
 
 T = TypeVar("T")
@@ -179,9 +181,22 @@ class UnrecordedRun:
 
 
 @dataclass(frozen=True)
+class DeadRecord:
+    """A record of a committed range that could not be decoded: its offset, its raw key and value (base64) and
+    why."""
+
+    offset: int
+    error: str
+    key: str | None = None
+    value: str | None = None
+
+
+@dataclass(frozen=True)
 class DeadLetter:
-    """A range given up without being processed: kept in the state until an operator resolves it, so it
-    can neither go unnoticed nor drop out of view the way an event in the bounded event list does."""
+    """A range given up without being processed, or the records of a processed range that could not be decoded
+    (``dead_records`` of them, the first ``records`` kept with their raw bytes): kept in the state until an
+    operator resolves it, so it can neither go unnoticed nor drop out of view the way an event in the bounded
+    event list does."""
 
     shard: str
     start: int
@@ -189,6 +204,9 @@ class DeadLetter:
     reason: str
     at: float
     run_key: str | None = None
+    dead_records: int = 0
+    """Records of the range given up (0: the whole range was, as after ``after_max_attempts``)."""
+    records: tuple[DeadRecord, ...] = ()
 
 
 class GroupState(BaseModel):

@@ -51,3 +51,34 @@ def with_spark_kafka_jars(conf: Mapping[str, str]) -> dict[str, str]:
     if jars:
         out["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars", "").strip(), *jars]))
     return out
+
+
+FORMATS_JAR_PREFIX = "spark-avro_2.13-"
+FORMATS_JARS_ENV = "STREAMGROUP_SPARK_FORMATS_JARS"
+"""A folder of Spark's Avro functions (spark-avro) for a machine where they live elsewhere than ``.tools``."""
+
+
+def spark_format_jars(version: str | None = None) -> list[Path]:
+    """The jars of Spark's Avro functions (``from_avro``, ``to_avro``) for ``version``: from
+    ``STREAMGROUP_SPARK_FORMATS_JARS``, else the project's fetched copy (``spark_formats/pom.xml``); empty when
+    there are none (a deployment supplies them through ``spark.jars.packages``)."""
+    version = version or spark_version()
+    override = os.environ.get(FORMATS_JARS_ENV, "").strip()
+    folders = [Path(override)] if override else []
+    folders += [root / ".tools" / f"spark-formats-{version}" / "jars" for root in (PROJECT_ROOT, Path.cwd())]
+    for folder in folders:
+        if (folder / f"{FORMATS_JAR_PREFIX}{version}.jar").is_file():
+            return sorted(folder.glob("*.jar"))
+    return []
+
+
+def with_spark_format_jars(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with spark-avro added to ``spark.jars`` when it is there and the caller names none of their own."""
+    out = dict(conf)
+    own = ",".join(conf.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
+    if "spark-avro" in own:
+        return out
+    jars = [str(path) for path in spark_format_jars()]
+    if jars:
+        out["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars", "").strip(), *jars]))
+    return out

@@ -48,28 +48,42 @@ def read_kafka_ranges_by(
     *,
     split_records: int,
     pack_records: int | None = None,
+    decode: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """The records of ``ranges`` through ``reader`` (``spark-kafka``, ``python`` or ``auto``); small ranges share
-    a task up to ``pack_records`` through our source (Spark's plans a task per Kafka partition)."""
+    a task up to ``pack_records`` through our source (Spark's plans a task per Kafka partition). ``decode``: typed
+    records (``formats.spark.decode_options``), decoded in our source's tasks or, over Spark's source, by the same
+    decoder through ``mapInArrow``."""
     from dagster_streamgroup.spark.kafka_source import read_kafka_ranges
     from dagster_streamgroup.spark.spark_kafka_source import SparkKafkaUnsupportedError, read_ranges_with_spark_kafka
 
-    if reader == "python":
+    def ours() -> DataFrame:
         return read_kafka_ranges(
-            spark, config, dict(ranges), max_records_per_partition=split_records, min_records_per_partition=pack_records
+            spark,
+            config,
+            dict(ranges),
+            max_records_per_partition=split_records,
+            min_records_per_partition=pack_records,
+            decode=decode,
         )
+
+    def decoded(df: DataFrame) -> DataFrame:
+        if not decode:
+            return df
+        from dagster_streamgroup.formats.spark import decode_dataframe
+
+        return decode_dataframe(df, decode)
+
+    if reader == "python":
+        return ours()
     if reader == "spark-kafka":
-        return read_ranges_with_spark_kafka(spark, config, ranges, max_records_per_partition=split_records)
+        return decoded(read_ranges_with_spark_kafka(spark, config, ranges, max_records_per_partition=split_records))
     try:
         df = read_ranges_with_spark_kafka(spark, config, ranges, max_records_per_partition=split_records)
     except SparkKafkaUnsupportedError as exc:
         log.info("spark_reader auto: reading through the streamgroup-kafka source: %s", exc)
-        return read_kafka_ranges(
-            spark, config, dict(ranges), max_records_per_partition=split_records, min_records_per_partition=pack_records
-        )
+        return ours()
     if connector_loaded(spark, df):
-        return df
+        return decoded(df)
     log.info("spark_reader auto: no Spark Kafka source on this session's classpath; reading through streamgroup-kafka")
-    return read_kafka_ranges(
-        spark, config, dict(ranges), max_records_per_partition=split_records, min_records_per_partition=pack_records
-    )
+    return ours()

@@ -9,7 +9,9 @@ batches. Options:
 - ``minPartitions``, ``maxRecordsPerPartition``: split large ranges over more tasks; ``minRecordsPerPartition``:
   ranges smaller than this share a task until it holds this many records;
 - ``batchSize`` (records per Arrow batch, 10000), ``stallTimeoutSeconds`` (30): give up on a range after
-  this long without progress.
+  this long without progress;
+- ``formats``, ``readers``, ``writerSchemas`` (``formats.spark.decode_options``): typed records: ``key`` and ``value``
+  decoded into the reader schemas' columns, with ``keySchemaId``, ``valueSchemaId`` and ``decodeError``.
 
 Secret properties (``kafka.sasl.password`` ...) match Spark's ``spark.redaction.regex`` and are shown as
 ``*********(redacted)`` in plans; ``read_kafka_ranges`` builds them from a ``KafkaStreamConfig``.
@@ -69,13 +71,23 @@ class KafkaRangeReader(RangeReader):
         self.stall_timeout_s = float_option(options, "stallTimeoutSeconds", 30.0)
         for r in self.ranges:
             parse_shard(r.shard)
+        self.options = dict(options)
 
     def read_ranges(self, ranges: Sequence[ShardRange]) -> Iterator[pa.RecordBatch]:
         parts = []
         for r in ranges:
             topic, partition = parse_shard(r.shard)
             parts.append(PartitionRange(topic, partition, r.start, r.end))
-        return read_ranges(self.client_config, parts, batch_size=self.batch_size, stall_timeout_s=self.stall_timeout_s)
+        batches = read_ranges(
+            self.client_config, parts, batch_size=self.batch_size, stall_timeout_s=self.stall_timeout_s
+        )
+        if "formats" not in self.options:
+            return batches
+        from dagster_streamgroup.formats.spark import decode_batches, decoder_from_options, keeps_raw
+
+        decoder = decoder_from_options(self.options)
+        assert decoder is not None
+        return decode_batches(decoder, batches, keep_raw=keeps_raw(self.options))
 
 
 class KafkaRangeDataSource(DataSource):
@@ -84,7 +96,14 @@ class KafkaRangeDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SPARK_KAFKA_SCHEMA
+        if "formats" not in self.options:
+            return SPARK_KAFKA_SCHEMA
+        from dagster_streamgroup.formats.spark import decoder_from_options, keeps_raw, spark_schema, typed_arrow_schema
+        from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA
+
+        decoder = decoder_from_options(self.options)
+        assert decoder is not None
+        return spark_schema(typed_arrow_schema(decoder, KAFKA_ARROW_SCHEMA, keep_raw=keeps_raw(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KafkaRangeReader(self.options)
@@ -119,15 +138,17 @@ def read_kafka_ranges(
     min_records_per_partition: int | None = None,
     batch_size: int | None = None,
     stall_timeout_s: float | None = None,
+    decode: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    """A DataFrame of exactly the records of ``ranges`` (``{"topic:p": (start, end)}`` or ShardRanges)."""
+    """A DataFrame of exactly the records of ``ranges`` (``{"topic:p": (start, end)}`` or ShardRanges); typed
+    when ``decode`` holds a run's formats (``formats.spark.decode_options``)."""
     register(spark)
     shard_ranges = as_shard_ranges(ranges)
     for r in shard_ranges:
         topic, _ = parse_shard(r.shard)
         if topic not in config.topics:
             raise ValueError(f"range {r.shard}: topic {topic!r} is not one of the stream's topics {config.topics}")
-    options = {"ranges": ranges_to_json(shard_ranges), **spark_options(config)}
+    options = {"ranges": ranges_to_json(shard_ranges), **spark_options(config), **(decode or {})}
     for name, value in (
         ("minPartitions", min_partitions),
         ("maxRecordsPerPartition", max_records_per_partition),

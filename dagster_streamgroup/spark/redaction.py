@@ -18,10 +18,13 @@ from dagster_streamgroup.streams.kafka_config import SECRET_PROPERTIES, SECRET_S
 
 STRING_REDACTION_KEY = "spark.sql.redaction.string.regex"
 V3IO_ACCESS_KEY_OPTION = "v3io.access.key"
+REGISTRY_SECRET_OPTIONS = frozenset({"registry.basic.auth.secret", "registry.bearer.auth.token"})
+"""The Schema Registry's credentials as our sources take them (``formats.config.SECRET_OPTION_NAMES``)."""
 
+_SECRET_OPTIONS = SECRET_PROPERTIES | REGISTRY_SECRET_OPTIONS | {V3IO_ACCESS_KEY_OPTION}
 _NAMES = "|".join(
     [
-        *(re.escape(name) for name in sorted(SECRET_PROPERTIES | {V3IO_ACCESS_KEY_OPTION}, key=len, reverse=True)),
+        *(re.escape(name) for name in sorted(_SECRET_OPTIONS, key=len, reverse=True)),
         *(rf"[\w.-]*{re.escape(suffix)}" for suffix in SECRET_SUFFIXES),
         r"access[._-]?key",
     ]

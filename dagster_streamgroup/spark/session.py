@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from dagster_streamgroup.redact import read
-from dagster_streamgroup.spark.connector import with_spark_kafka_jars
+from dagster_streamgroup.spark.connector import with_spark_format_jars, with_spark_kafka_jars
 from dagster_streamgroup.spark.redaction import with_string_redaction
 
 DEFAULT_CONNECT_PORT = 15002
@@ -56,7 +56,9 @@ def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str
     if not master.startswith("local"):
         for key in LOOPBACK_DRIVER:
             base.pop(key)
-    return with_spark_kafka_jars(with_string_redaction(with_arrow_java_options({**base, **(conf or {})})))
+    return with_spark_format_jars(
+        with_spark_kafka_jars(with_string_redaction(with_arrow_java_options({**base, **(conf or {})})))
+    )
 
 
 class SparkConnectUnavailableError(ConnectionError):

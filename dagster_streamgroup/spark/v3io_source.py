@@ -13,7 +13,9 @@ GetRecords and handed to Spark as Arrow batches. Options:
 - ``minPartitions``, ``maxRecordsPerPartition``: split large ranges over more tasks; ``minRecordsPerPartition``:
   ranges smaller than this share a task until it holds this many records;
 - ``batchSize`` (records per Arrow batch, 10000), ``recordsPerRequest`` (GetRecords limit, 1000),
-  ``stallTimeoutSeconds`` (30): give up on a range after this long without progress.
+  ``stallTimeoutSeconds`` (30): give up on a range after this long without progress;
+- ``formats``, ``readers``, ``writerSchemas`` (``formats.spark.decode_options``): typed records: ``data`` decoded
+  into the reader schema's columns, with ``valueSchemaId`` and ``decodeError``.
 """
 
 from __future__ import annotations
@@ -91,8 +93,18 @@ class V3ioRangeReader(RangeReader):
         self.stall_timeout_s = float_option(options, "stallTimeoutSeconds", 30.0)
         for r in self.ranges:
             parse_shard(r.shard)
+        self.options = dict(options)
 
     def read_ranges(self, ranges: Sequence[ShardRange]) -> Iterator[pa.RecordBatch]:
+        if "formats" not in self.options:
+            return self._read_raw(ranges)
+        from dagster_streamgroup.formats.spark import decode_batches, decoder_from_options, keeps_raw
+
+        decoder = decoder_from_options(self.options, value_column="data", key_column=None)
+        assert decoder is not None
+        return decode_batches(decoder, self._read_raw(ranges), keep_raw=keeps_raw(self.options))
+
+    def _read_raw(self, ranges: Sequence[ShardRange]) -> Iterator[pa.RecordBatch]:
         stream = V3ioStream(self.config)
         try:
             for r in ranges:
@@ -115,7 +127,14 @@ class V3ioRangeDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SPARK_V3IO_SCHEMA
+        if "formats" not in self.options:
+            return SPARK_V3IO_SCHEMA
+        from dagster_streamgroup.formats.spark import decoder_from_options, keeps_raw, spark_schema, typed_arrow_schema
+        from dagster_streamgroup.streams.v3io import V3IO_ARROW_SCHEMA
+
+        decoder = decoder_from_options(self.options, value_column="data", key_column=None)
+        assert decoder is not None
+        return spark_schema(typed_arrow_schema(decoder, V3IO_ARROW_SCHEMA, keep_raw=keeps_raw(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return V3ioRangeReader(self.options)
@@ -157,13 +176,15 @@ def read_v3io_ranges(
     min_records_per_partition: int | None = None,
     batch_size: int | None = None,
     stall_timeout_s: float | None = None,
+    decode: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    """A DataFrame of exactly the records of ``ranges`` (``{"<shard>": (start, end)}`` or ShardRanges)."""
+    """A DataFrame of exactly the records of ``ranges`` (``{"<shard>": (start, end)}`` or ShardRanges); typed
+    when ``decode`` holds a run's formats (``formats.spark.decode_options``)."""
     register(spark)
     shard_ranges = as_shard_ranges(ranges)
     for r in shard_ranges:
         parse_shard(r.shard)
-    options = {"ranges": ranges_to_json(shard_ranges), **spark_options(config)}
+    options = {"ranges": ranges_to_json(shard_ranges), **spark_options(config), **(decode or {})}
     for name, value in (
         ("minPartitions", min_partitions),
         ("maxRecordsPerPartition", max_records_per_partition),

@@ -245,3 +245,46 @@ def test_the_scaffolded_project_loads_in_dagster_dev(project: DgProject) -> None
     resources = {r["name"]: {f["name"] for f in r["configFields"]} for r in repository["allTopLevelResourceDetails"]}
     assert {"streamgroup_clicks", "pyspark_clicks"} <= set(resources), resources
     assert {"group", "bootstrap_servers", "topics", "sasl_password"} <= resources["streamgroup_clicks"]
+
+
+def test_dg_check_validates_typed_records_naming_the_yaml_field(project: DgProject) -> None:
+    """The typed-records attributes (value_format, the registry block, on_decode_error, the asset's value_schema)
+    checked by ``dg check defs``: a bad one named with its line, a literal registry credential refused unechoed."""
+    project.ok("scaffold", "defs", KAFKA_TYPE, "orders")
+    defs_yaml = project.defs / "orders" / "defs.yaml"
+    good = (
+        defs_yaml.read_text()
+        .replace(
+            "  heartbeat_interval_s: 5\n",
+            "  heartbeat_interval_s: 5\n  value_format: avro\n  schema_registry_url: http://127.0.0.1:8085/apis/ccompat/v7\n"
+            "  on_decode_error: dead_letter\n",
+        )
+        .replace("    name: orders\n", "    name: orders\n    value_schema: latest\n")
+    )
+    defs_yaml.write_text(good)
+    assert "All definitions loaded successfully." in project.ok("check", "defs")
+
+    def line_of(text: str, needle: str) -> int:
+        return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+    for old, new, field, message in [
+        ("  schema_registry_url: http://127.0.0.1:8085/apis/ccompat/v7\n", "", "value_format",
+         "'avro' needs schema_registry_url"),
+        ("on_decode_error: dead_letter", "on_decode_error: skip", "on_decode_error", ""),
+    ]:  # fmt: skip
+        bad = good.replace(old, new)
+        defs_yaml.write_text(bad)
+        done = project.dg("check", "defs")
+        output = done.stdout + done.stderr
+        assert done.returncode == 1
+        assert f"defs.yaml:{line_of(bad, field)} - attributes.{field}: {message}" in output, output
+
+    secret = secrets.token_urlsafe(24)
+    bad = good.replace("  on_decode_error", f"  schema_registry_basic_auth_user_info: svc:{secret}\n  on_decode_error")
+    defs_yaml.write_text(bad)
+    done = project.dg("check", "defs", "--verbose")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1
+    where = f"defs.yaml:{line_of(bad, 'basic_auth_user_info')} - attributes.schema_registry_basic_auth_user_info"
+    assert f"{where}: a secret is given as {{env: NAME}}" in output, output
+    assert secret not in output

@@ -61,7 +61,7 @@ CI_PYTHON = "3.12"
 SUPPORTED_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 """``requires-python``: PySpark 4.3 needs 3.11; Dagster 1.13 goes to 3.14."""
 RESOLUTIONS = ("highest", "lowest-direct")
-EXTRA_ONLY = ("uvicorn", "psycopg", "dagster_webserver", "dagster_postgres")
+EXTRA_ONLY = ("uvicorn", "psycopg", "dagster_webserver", "dagster_postgres", "fastavro", "polars")
 """Modules only the extras bring: none may be in a runtime-only install."""
 REPORTED = (
     "dagster",
@@ -105,7 +105,7 @@ def wheel_problems(wheel: Path) -> list[str]:
         problems.append("no METADATA")
     if "Requires-Python: <3.15,>=3.11" not in metadata:
         problems.append("Requires-Python is not >=3.11,<3.15")
-    for extra in ("local", "postgres"):
+    for extra in ("local", "postgres", "formats"):
         if f"Provides-Extra: {extra}" not in metadata:
             problems.append(f"no extra {extra!r}")
     unconditional = [

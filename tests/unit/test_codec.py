@@ -57,7 +57,7 @@ def test_older_states_read_and_are_written_back_at_the_current_version() -> None
                 del shard[name]
             shard.update(added)
         old = decode_state(json.dumps(raw), where="t")
-        assert old.schema_version == protocol.state.SCHEMA_VERSION == 4
+        assert old.schema_version == protocol.state.SCHEMA_VERSION == 5
         assert old.shards == state.shards and old.dead_letters == () and old.unrecorded_runs == {}
 
 
