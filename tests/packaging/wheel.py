@@ -113,7 +113,8 @@ def wheel_problems(wheel: Path) -> list[str]:
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:") and "extra ==" not in line
     ]
-    for only_extra in ("dagster-webserver", "dagster-postgres", "psycopg", "uvicorn", "cryptography", "starlette"):
+    extras_only = ("dagster-webserver", "dagster-dg-cli", "dagster-postgres", "psycopg", "uvicorn", "cryptography")
+    for only_extra in (*extras_only, "starlette"):
         problems += [f"{req} is a runtime dependency" for req in unconditional if re.match(rf"{only_extra}\b", req)]
     pinned = [req for req in unconditional if "==" in req]
     problems += [f"{req} is pinned, not a range" for req in pinned]
