@@ -380,16 +380,16 @@ def test_importing_the_package_does_not_import_dagster() -> None:
 def test_the_docs_yaml_loads(sandbox: DefsFolderSandbox) -> None:
     """docs/dagster.md's defs.yaml, as written there, with its function beside it."""
     doc = (ROOT / "docs" / "dagster.md").read_text()
-    found = re.search(r"`src/<project>/defs/clickstream/defs.yaml`:\n\n```yaml\n(.*?)```", doc, re.S)
+    found = re.search(r"`src/<project>/defs/clickstream/defs.yaml`[^`]*```yaml\n(.*?)```", doc, re.S)
     assert found is not None
     folder = sandbox.defs_folder_path / "clickstream"
     folder.mkdir()
     (folder / "defs.yaml").write_text(found.group(1))
-    (folder / "stream.py").write_text("def page_views_per_minute(context, df):\n    return None\n")
+    (folder / "stream.py").write_text("def process(context, df):\n    return None\n")
     component, defs = load(sandbox, folder)
     assert isinstance(component.streamgroup.sasl_password, dg.EnvVar)  # type: ignore[attr-defined]
     assert [s.name for s in defs.sensors or []] == [f"clickstream_member_{i}" for i in range(3)]
-    assert defs.get_assets_def("page_views_per_minute").key == dg.AssetKey("page_views_per_minute")
+    assert defs.get_assets_def("clickstream").key == dg.AssetKey("clickstream")
 
 
 # The scaffold: its parameters checked as the YAML is, and what a dg project gets once.
