@@ -379,7 +379,7 @@ def dg_newcomer(
     if ".streamgroup/" not in (project.root / ".gitignore").read_text().splitlines():
         raise StepError("dg scaffold did not add .streamgroup/ to the project's .gitignore")
     defs_yaml = project.defs / "clicks" / "defs.yaml"
-    set_attributes(defs_yaml, {"default_status": "RUNNING", "members": "2", "master": "local[1]"})
+    set_attributes(defs_yaml, {"default_status": "RUNNING", "members": "1", "master": "local[1]"})
     checked = project.dg("check", "defs")
     noisy = [n for n in ("SparkDeclarativePipelineScaffolder", "GETPID", "Traceback") if n in checked]
     if "All definitions loaded successfully." not in checked or noisy:
@@ -409,7 +409,9 @@ def dg_newcomer(
     if exit_code != 0:
         problems.append(f"dg dev exited with {exit_code} on SIGINT")
     failed = [r["runId"] for r in runs if r["status"] != "SUCCESS"]
-    spawned = [r["runId"] for r in runs if '"via": "fork"' not in r["tags"].get("streamgroup/run_worker", "")]
+    spawned = [
+        r["runId"] for r in runs if json.loads(r["tags"].get("streamgroup/run_worker", "{}")).get("via") != "fork"
+    ]
     if failed or spawned:
         problems.append(f"runs not SUCCESS: {failed}; not forked by the fork-server launcher: {spawned}")
     state = project.root / ".streamgroup" / "streamgroup-state.db"
@@ -435,7 +437,7 @@ def dg_newcomer(
 
 def status_rows(status: str) -> dict[str, dict[str, str]]:
     """The shards table of ``streamgroup status``: each shard's cells by column name."""
-    lines = [line for line in status.splitlines() if "│" in line]
+    lines = [line.replace("┃", "│") for line in status.splitlines() if "│" in line or "┃" in line]
     header = next((line for line in lines if "committed" in line and "shard" in line), None)
     if header is None:
         return {}
