@@ -67,18 +67,24 @@ def measure(client: WebserverClient, asset: str, started_at: float, total: int, 
 
     wait_for(f"{total} records materialized", drained, timeout_s)
     drained_s = time.time() - started_at
-    runs = client.runs()
+    runs = wait_for("the runs", client.runs, 120.0)
     first = first_materialization(client, asset)
     return summarize(runs, first - started_at, drained_s)
 
 
 def first_materialization(client: WebserverClient, asset: str) -> float:
-    data = client.graphql(
-        """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
-             assetMaterializations(limit: 100000) { timestamp } } } }""",
-        {"k": {"path": [asset]}},
-    )
-    return min(float(m["timestamp"]) / 1000 for m in data["assetOrError"]["assetMaterializations"])
+    """The earliest materialization's time (asked until the webserver answers: a loaded one may fail a call)."""
+
+    def earliest() -> float | None:
+        data = client.graphql(
+            """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
+                 assetMaterializations(limit: 10000) { timestamp } } } }""",
+            {"k": {"path": [asset]}},
+        )
+        stamps = [float(m["timestamp"]) / 1000 for m in data["assetOrError"]["assetMaterializations"]]
+        return min(stamps) if stamps else None
+
+    return wait_for("the first materialization's time", earliest, 120.0)
 
 
 def summarize(runs: Sequence[dict[str, Any]], first_s: float, drained_s: float) -> dict[str, Any]:
