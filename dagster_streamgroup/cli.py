@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from dagster_streamgroup.dagster.operator import GroupHandle
+    from dagster_streamgroup.dagster.resources import StreamGroupResource
 
 
 class _Commands(click.Group):
@@ -166,21 +169,69 @@ def local_spark_cluster(workers: int, cores: int, memory: str) -> None:
 _definitions_option = click.option(
     "--definitions",
     "definitions_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("definitions.py"),
-    show_default=True,
-    help="The code location file whose Definitions hold the group resource.",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The code location whose Definitions hold the group resource: a definitions file, or a dg project's "
+    "folder. Default: the dg project holding the working directory (as dg finds it), else ./definitions.py.",
 )
 _group_option = click.option("--group", required=True, help="The consumer group name.")
 
 
-def _group(definitions_path: Path, group: str) -> GroupHandle:
-    from dagster_streamgroup.dagster.operator import OperatorError, find_group, load_definitions
+def _group(definitions_path: Path | None, group: str) -> GroupHandle:
+    """The group's resource from the code location. In a ``dg`` project the command then works from the project's
+    root, as ``dg`` does, so the group state's default file is the one the members write."""
+    import os
+
+    from dagster_streamgroup.dagster.code_location import DefinitionsNotFoundError, load_definitions
+    from dagster_streamgroup.dagster.operator import OperatorError, find_group
 
     try:
-        return find_group(load_definitions(definitions_path), group)
-    except OperatorError as exc:
+        loaded = load_definitions(definitions_path)
+        if loaded.project is not None:
+            os.chdir(loaded.project.root)
+        return find_group(loaded.definitions, group)
+    except (OperatorError, DefinitionsNotFoundError) as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _require_store(handle: GroupHandle) -> None:
+    """A command that changes the state refuses a SQLite file that does not exist instead of creating it."""
+    from dagster_streamgroup.dagster.operator import missing_store
+
+    absent = missing_store(handle.resource)
+    if absent is not None:
+        raise click.UsageError(
+            f"group {handle.resource.group!r}: its state store {absent} does not exist (no member has ticked "
+            "against it); run this where the members run (the same DAGSTER_HOME, or the dg project's folder), or "
+            "set store_url"
+        )
+
+
+def _warn_if_members_elsewhere(console: Console, resource: StreamGroupResource, absent: Path | None) -> None:
+    """No state here, but the stream holds the group's committed offsets (members mirror every commit there):
+    the members are running, or ran, against another store."""
+    from dagster_streamgroup.streams.base import StreamError
+
+    try:
+        backend = resource.backend()
+        committed = backend.committed(resource.group, backend.shards())
+    except StreamError:
+        return
+    moved = {shard: offset for shard, offset in committed.items() if offset}
+    if not moved:
+        return
+    hint = (
+        "members write the default file under $DAGSTER_HOME, else in .streamgroup/ at the dg project's root (or "
+        "the working directory outside a dg project): run status with the members' DAGSTER_HOME or from their "
+        "project, or set store_url"
+    )
+    console.print(
+        f"warning: the stream holds committed offsets of group {resource.group!r} on {len(moved)} shard(s) "
+        f"({', '.join(f'{s}={o}' for s, o in sorted(moved.items())[:4])}{' ...' if len(moved) > 4 else ''}), "
+        f"so members are running or ran against another store; {hint}"
+        + (f" ({absent} was not created)" if absent is not None else ""),
+        soft_wrap=True,
+    )
 
 
 def _when(seconds: float) -> str:
@@ -193,19 +244,28 @@ def _when(seconds: float) -> str:
 @_group_option
 @_definitions_option
 @click.option("--events", "n_events", type=int, default=10, show_default=True, help="Recent events to show.")
-def status(group: str, definitions_path: Path, n_events: int) -> None:
+def status(group: str, definitions_path: Path | None, n_events: int) -> None:
     """Members, shards, owners, epochs, committed offsets, high watermarks, lag, in-flight and parked ranges."""
     from rich.console import Console
     from rich.table import Table
 
-    from dagster_streamgroup.dagster.operator import load_state, shard_rows
+    from dagster_streamgroup.dagster.operator import load_state, missing_store, shard_rows
+    from dagster_streamgroup.redact import redact
 
     handle = _group(definitions_path, group)
     resource = handle.resource
-    state = load_state(resource)
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    store = redact(resource.resolved_store_url())
+    console.print(
+        f"state: {store}" + ("" if resource.store_url else " (the default: store_url is not set)"), soft_wrap=True
+    )
+    absent = missing_store(resource)
+    state = None if absent is not None else load_state(resource)
     if state is None:
-        console.print(f"group {group!r} on {resource.backend().stream_id} has no state yet (no member has ticked)")
+        where = f"{absent} does not exist" if absent is not None else "the store holds none"
+        console.print(f"group {group!r} on {resource.backend().stream_id} has no state yet ({where}: no member has "
+                      "ticked against this store)", soft_wrap=True)  # fmt: skip
+        _warn_if_members_elsewhere(console, resource, absent)
         return
     marks = resource.backend().watermarks(list(state.shards))
     now = resource.store().now()
@@ -257,11 +317,12 @@ def status(group: str, definitions_path: Path, n_events: int) -> None:
 @_definitions_option
 @click.option("--shard", required=True, help="The parked shard, e.g. clicks:3.")
 @click.option("--skip", is_flag=True, help="Dead-letter the parked range and continue after it (records skipped).")
-def unpark_command(group: str, definitions_path: Path, shard: str, skip: bool) -> None:
+def unpark_command(group: str, definitions_path: Path | None, shard: str, skip: bool) -> None:
     """Resume a parked shard: its range is retried (or, with --skip, recorded as dead-lettered)."""
     from dagster_streamgroup.dagster.operator import OperatorError, unpark
 
     handle = _group(definitions_path, group)
+    _require_store(handle)
     try:
         changed = unpark(handle.resource, shard, skip=skip)
     except OperatorError as exc:
@@ -309,7 +370,7 @@ def _timestamp_ms(value: str, option: str) -> int:
 @click.option("--dry-run", is_flag=True, help="Print the ranges without launching.")
 def backfill(
     group: str,
-    definitions_path: Path,
+    definitions_path: Path | None,
     shard: str,
     start: int | None,
     end: int | None,
@@ -377,12 +438,13 @@ def backfill(
 @_group_option
 @_definitions_option
 @click.option("--shard", default=None, help="Only this shard's dead letters (default: all).")
-def resolve_command(group: str, definitions_path: Path, shard: str | None) -> None:
+def resolve_command(group: str, definitions_path: Path | None, shard: str | None) -> None:
     """Mark dead-lettered ranges as dealt with: they leave `status` and the asset check."""
     from dagster_streamgroup.dagster.operator import OperatorError, resolve_dead_letters
 
     try:
         handle = _group(definitions_path, group)
+        _require_store(handle)
         resolved = resolve_dead_letters(handle.resource, shard)
     except (OperatorError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

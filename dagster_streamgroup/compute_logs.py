@@ -13,6 +13,10 @@ class with the mirror replaced. In ``dagster.yaml``::
       class: ThreadMirroredComputeLogManager
       config:
         base_dir: ...   # as LocalComputeLogManager's; by default $DAGSTER_HOME/storage, as Dagster's default
+
+Without ``DAGSTER_HOME`` (``dg dev`` and ``dagster dev`` then keep a temporary instance in the working directory,
+and read a ``dagster.yaml`` found there), the default is the ``storage`` folder of the instance it is built for,
+as Dagster's own default is.
 """
 
 from __future__ import annotations
@@ -57,15 +61,25 @@ class ThreadMirroredComputeLogManager(LocalComputeLogManager):
         values = dict(config_value)
         if not values.get("base_dir"):
             home = os.environ.get("DAGSTER_HOME")
-            if not home:
-                raise DagsterInvariantViolationError(
-                    "compute_logs.config.base_dir: required when DAGSTER_HOME is not set"
-                )
-            values["base_dir"] = compute_logs_directory(home)
+            values["base_dir"] = compute_logs_directory(home) if home else ""  # "": the instance's, once known
         return cls(inst_data=inst_data, **values)
+
+    def register_instance(self, instance: Any) -> None:
+        """A temporary instance's folder is known only here: the compute logs go to its ``storage``, where
+        Dagster's own default puts them."""
+        super().register_instance(instance)
+        if not self._base_dir:
+            self._base_dir = compute_logs_directory(instance.root_directory)
+
+    def _require_base_dir(self) -> None:
+        if not self._base_dir:
+            raise DagsterInvariantViolationError(
+                "compute_logs.config.base_dir: not set, DAGSTER_HOME is not set, and no instance was registered"
+            )
 
     @contextmanager
     def capture_logs(self, log_key: Sequence[str]) -> Iterator[CapturedLogContext]:
+        self._require_base_dir()
         out = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDOUT])
         err = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDERR])
         with Mirror() as mirror, captured(sys.stdout, out, mirror), captured(sys.stderr, err, mirror):

@@ -8,12 +8,12 @@
 #                                         a Python it lacks (3.14 here) is named and only resolved for
 #   bash scripts/test_wheel.sh --python 3.13 --resolution lowest-direct    one combination
 #   bash scripts/test_wheel.sh --dagster 1.13.29 --no-unit    a Dagster release the patches were not verified on
-# Bounded by WHEEL_TIMEOUT_S (default 900 s for one combination, 3600 s for --all). Needs what the project's
+# Bounded by WHEEL_TIMEOUT_S (default 1800 s for one combination, 3600 s for --all). Needs what the project's
 # set-up installs (scripts/setup.sh: .venv, uv, Kafka's jars, Java) and the package index (or uv's cache).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 args=("$@")
-timeout_s=${WHEEL_TIMEOUT_S:-900}
+timeout_s=${WHEEL_TIMEOUT_S:-1800}
 if [ "${1:-}" = "--all" ]; then
   args=(--python 3.11,3.12,3.13,3.14 --resolution highest,lowest-direct --skip-missing "${@:2}")
   timeout_s=${WHEEL_TIMEOUT_S:-3600}

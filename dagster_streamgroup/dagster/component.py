@@ -28,12 +28,15 @@ from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get
 import dagster as dg
 from dagster.components.core.context import RESOLUTION_CONTEXT_STASH_KEY, ComponentDeclLoadContext
 from dagster.components.resolved.errors import ResolutionException
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.assets import StreamFn, stream_asset, stream_freshness_policy
+from dagster_streamgroup.dagster.instance_settings import ensure_instance_settings
 from dagster_streamgroup.dagster.resources import (
+    DAEMON_LOOP_S,
+    STATE_DIR,
     STORE_NEXT_TO_STREAM,
     KafkaStreamGroup,
     StreamGroupResource,
@@ -193,6 +196,16 @@ class ResourceAttributes:
                     self,
                 )
         return value
+
+
+YAML_MINIMUMS: Mapping[str, tuple[float, str]] = {
+    "heartbeat_interval_s": (
+        DAEMON_LOOP_S,
+        "Dagster's daemon ticks sensors every 5 s at the fastest, so a member's heartbeat is never more often",
+    ),
+}
+"""Bounds the YAML holds that the resource, also built by tests that tick sensors by hand, does not; checked once
+a ``{{ }}`` template is rendered, with the field's line (as ``members`` is)."""
 
 
 def _field_of(exc: ValidationError, fields: Mapping[str, Any]) -> str | None:
@@ -371,6 +384,11 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
         resource_values = {n: attrs[n] for n in cls.attributes.resource_cls.model_fields if n in given}
         streamgroup = cls.attributes.build(context, resource_values)
         assert isinstance(streamgroup, StreamGroupResource)
+        for name, (minimum, reason) in YAML_MINIMUMS.items():
+            if getattr(streamgroup, name) < minimum:
+                raise located_error(
+                    context, (), name, f"{name}: {getattr(streamgroup, name):g} s is below {minimum:g} s: {reason}"
+                )
         try:
             check_tick_interval(streamgroup, streamgroup.heartbeat_interval_s)
         except ValueError as exc:
@@ -553,18 +571,47 @@ def _component_model(cls: type[StreamGroupComponent]) -> type[BaseModel]:
 
 
 class ScaffoldParams(BaseModel):
+    """``dg scaffold defs ... --json-params``: named as the ``defs.yaml`` attributes they become, checked as those
+    are (an unknown key is refused, not ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     group: str | None = Field(default=None, description="The consumer group (default: the folder's name).")
+
+    def resource_values(self) -> dict[str, Any]:
+        """The group resource's fields these parameters set (a placeholder group where the folder names it)."""
+        return {"group": self.group or "scaffold"}
+
+    @model_validator(mode="after")
+    def _checked_as_the_yaml_is(self) -> Self:
+        resource = KafkaStreamGroup if isinstance(self, KafkaScaffoldParams) else V3ioStreamGroup
+        try:
+            resource(**self.resource_values())
+        except ValidationError as exc:
+            raise ValueError(describe_validation_error(exc)) from None
+        return self
 
 
 class KafkaScaffoldParams(ScaffoldParams):
-    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="The Kafka cluster.")
-    topic: str | None = Field(default=None, description="The topic (default: the folder's name).")
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="The Kafka cluster (host:port,...).")
+    topics: list[str] | None = Field(default=None, description="The topics (default: one, the folder's name).")
+
+    def resource_values(self) -> dict[str, Any]:
+        return {
+            **super().resource_values(),
+            "bootstrap_servers": self.bootstrap_servers,
+            "topics": self.topics or ["t"],
+        }
 
 
 class V3ioScaffoldParams(ScaffoldParams):
     endpoint: str = Field(default="http://127.0.0.1:8081", description="The v3io web API.")
     container: str = Field(default="bigdata", description="The container holding the stream.")
     stream_path: str | None = Field(default=None, description="The stream's path (default: the folder's name).")
+
+    def resource_values(self) -> dict[str, Any]:
+        values = {"endpoint": self.endpoint, "container": self.container, "stream_path": self.stream_path or "s"}
+        return {**super().resource_values(), **values, "access_key": dg.EnvVar("V3IO_ACCESS_KEY")}
 
 
 FUNCTION_FILE = "stream.py"
@@ -620,6 +667,9 @@ class StreamGroupScaffolder(dg.Scaffolder[ScaffoldParams]):
         stub = folder / FUNCTION_FILE
         if not stub.exists():
             stub.write_text(FUNCTION_STUB.format(group=group))
+        if request.project_root is not None:
+            for line in project_setup(request.project_root):
+                print(line)
 
     def defs_yaml(self, type_name: str, group: str, params: ScaffoldParams, name: str) -> str:
         lines = [
@@ -647,6 +697,23 @@ class StreamGroupScaffolder(dg.Scaffolder[ScaffoldParams]):
         return "\n".join(lines) + "\n"
 
 
+def project_setup(project_root: Path) -> list[str]:
+    """What a ``dg`` project needs once, beside each group's ``defs.yaml``: the instance settings ``dg dev`` reads
+    (written when absent, else the missing ones named) and the group state's folder kept out of git."""
+    out = [ensure_instance_settings(project_root)]
+    ignore = project_root / ".gitignore"
+    entry = f"{STATE_DIR}/"
+    if ignore.is_file():
+        listed = {line.strip() for line in ignore.read_text(encoding="utf-8").splitlines()}
+        if not listed & {entry, STATE_DIR, f"/{entry}", f"/{STATE_DIR}"}:
+            text = ignore.read_text(encoding="utf-8")
+            separator = "" if not text or text.endswith("\n") else "\n"
+            ignore.write_text(f"{text}{separator}\n# dagster-streamgroup: the group state while DAGSTER_HOME is unset\n"
+                              f"{entry}\n", encoding="utf-8")  # fmt: skip
+            out.append(f"Added {entry} to {ignore} (the group state's SQLite file while DAGSTER_HOME is unset).")
+    return out
+
+
 class KafkaScaffolder(StreamGroupScaffolder):
     params_cls = KafkaScaffoldParams
 
@@ -654,7 +721,7 @@ class KafkaScaffolder(StreamGroupScaffolder):
         assert isinstance(params, KafkaScaffoldParams)
         return [
             f"bootstrap_servers: {params.bootstrap_servers}",
-            f"topics: [{params.topic or name}]",
+            f"topics: [{', '.join(params.topics or [name])}]",
             "# A secret is {env: NAME}, read where it is used; never a literal, never {{ env.NAME }}:",
             "# security_protocol: SASL_SSL",
             "# sasl_mechanism: SCRAM-SHA-512",

@@ -105,7 +105,53 @@ def process_group_alive(pgid: int) -> bool:
     return True
 
 
-class DagsterDev:
+class WebserverClient:
+    """The GraphQL calls the tests and benchmarks make to a Dagster webserver at ``url``."""
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            payload = json.loads(response.read())
+        if payload.get("errors"):
+            raise RuntimeError(payload["errors"])
+        data = payload["data"]
+        assert isinstance(data, dict)
+        return data
+
+    def runs(self) -> list[dict[str, Any]]:
+        data = self.graphql(
+            "{ runsOrError(limit: 100000) { ... on Runs { results { runId status creationTime startTime endTime"
+            " tags { key value } } } } }"
+        )
+        runs = data["runsOrError"]["results"]
+        for run in runs:
+            run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
+        assert isinstance(runs, list)
+        return runs
+
+    def materializations(self, asset: str) -> list[dict[str, Any]]:
+        data = self.graphql(
+            """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
+                 assetMaterializations(limit: 10000) { partition runId metadataEntries { label
+                   ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
+                   ... on BoolMetadataEntry { boolValue } ... on FloatMetadataEntry { floatValue } } } } } }""",
+            {"k": {"path": [asset]}},
+        )
+        out = []
+        for m in data["assetOrError"]["assetMaterializations"]:
+            meta = {}
+            for e in m["metadataEntries"]:
+                meta[e["label"]] = e.get("intValue", e.get("text", e.get("boolValue", e.get("floatValue"))))
+            out.append({"partition": m["partition"], "runId": m["runId"], **meta})
+        return out
+
+
+class DagsterDev(WebserverClient):
     def __init__(
         self,
         home: Path,
@@ -182,44 +228,6 @@ class DagsterDev:
         data = self.graphql("{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }")
         statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
         return any(s["daemonType"] == "SENSOR" and s["healthy"] for s in statuses)
-
-    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            payload = json.loads(response.read())
-        if payload.get("errors"):
-            raise RuntimeError(payload["errors"])
-        data = payload["data"]
-        assert isinstance(data, dict)
-        return data
-
-    def runs(self) -> list[dict[str, Any]]:
-        data = self.graphql(
-            "{ runsOrError(limit: 100000) { ... on Runs { results { runId status creationTime startTime endTime"
-            " tags { key value } } } } }"
-        )
-        runs = data["runsOrError"]["results"]
-        for run in runs:
-            run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
-        assert isinstance(runs, list)
-        return runs
-
-    def materializations(self, asset: str) -> list[dict[str, Any]]:
-        data = self.graphql(
-            """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
-                 assetMaterializations(limit: 10000) { partition runId metadataEntries { label
-                   ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
-                   ... on BoolMetadataEntry { boolValue } ... on FloatMetadataEntry { floatValue } } } } } }""",
-            {"k": {"path": [asset]}},
-        )
-        out = []
-        for m in data["assetOrError"]["assetMaterializations"]:
-            meta = {}
-            for e in m["metadataEntries"]:
-                meta[e["label"]] = e.get("intValue", e.get("text", e.get("boolValue", e.get("floatValue"))))
-            out.append({"partition": m["partition"], "runId": m["runId"], **meta})
-        return out
 
     def sensor(self, name: str, fields: str, location: str = "clickstream") -> dict[str, Any]:
         """``fields`` of the sensor ``name`` (a GraphQL selection on ``Sensor``)."""

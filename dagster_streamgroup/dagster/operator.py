@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import runpy
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,25 +23,12 @@ from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupState
+from dagster_streamgroup.stores.sql import sqlite_file
 from dagster_streamgroup.streams.base import StreamError, Watermarks, open_transaction_text
 
 
 class OperatorError(Exception):
     """A CLI request that cannot be done; the message says why and what to change."""
-
-
-def load_definitions(path: Path) -> dg.Definitions:
-    if not path.is_file():
-        raise OperatorError(f"--definitions: {path} does not exist")
-    # As `dagster dev -f` does: the file's own directory is importable, for the project's packages beside it.
-    directory = str(path.resolve().parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    namespace = runpy.run_path(str(path), run_name="__streamgroup_cli__")
-    found = [v for v in namespace.values() if isinstance(v, dg.Definitions)]
-    if len(found) != 1:
-        raise OperatorError(f"--definitions: {path} must define exactly one Definitions object, found {len(found)}")
-    return found[0]
 
 
 @dataclass(frozen=True)
@@ -112,6 +97,13 @@ def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[Shard
 def load_state(resource: StreamGroupResource) -> GroupState | None:
     state, _ = resource.store().load(resource.state_key())
     return state
+
+
+def missing_store(resource: StreamGroupResource) -> Path | None:
+    """The group's SQLite file when it does not exist: opening it would create an empty one, so a reader (status)
+    that looked in the wrong place would leave a second, empty state file behind. None for any other store."""
+    path = sqlite_file(resource.resolved_store_url())
+    return path if path is not None and not path.exists() else None
 
 
 def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:

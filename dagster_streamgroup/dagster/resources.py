@@ -8,6 +8,7 @@ configuration error is raised when the resource is built (at code-location load)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -42,6 +43,7 @@ T = TypeVar("T")
 C = TypeVar("C", bound=BaseModel)
 
 STORE_FILE = "streamgroup-state.db"
+STATE_DIR = ".streamgroup"
 _POLICY_FIELDS = tuple(GroupPolicy.model_fields)
 
 _cache_lock = threading.Lock()
@@ -84,10 +86,31 @@ def release_cached_clients() -> None:
 
 
 def default_store_url() -> str:
-    """SQLite next to the Dagster instance, so sensors, runs and the CLI of one host agree on the file."""
+    """SQLite next to the Dagster instance, so sensors, runs and the CLI of one host agree on the file.
+
+    Without ``DAGSTER_HOME`` (``dg dev`` and ``dagster dev`` then keep a temporary instance), the file is in
+    ``.streamgroup/`` at the root of the ``dg`` project that holds the working directory, so the code server
+    (started in ``src/``), its runs and a ``streamgroup status`` run from any folder of the project read the same
+    file; outside a ``dg`` project, in ``.streamgroup/`` of the working directory."""
     home = os.environ.get("DAGSTER_HOME")
-    base = Path(home) if home else Path.cwd() / ".streamgroup"
-    return f"sqlite:///{(base / STORE_FILE).resolve()}"
+    return f"sqlite:///{((Path(home) if home else default_state_dir()) / STORE_FILE).resolve()}"
+
+
+def default_state_dir() -> Path:
+    """``.streamgroup/`` at the ``dg`` project's root, else in the working directory (``DAGSTER_HOME`` unset)."""
+    return _state_dir_for(Path.cwd())
+
+
+@functools.lru_cache(maxsize=16)
+def _state_dir_for(cwd: Path) -> Path:
+    """Per working directory: a member asks at every tick, and the project's files do not move under it."""
+    from dagster_streamgroup.dagster.project import DgProjectError, find_dg_project
+
+    try:
+        project = find_dg_project(cwd)
+    except DgProjectError:  # dg itself refuses such a project; the working directory is where it ran
+        project = None
+    return (project.root if project is not None else cwd) / STATE_DIR
 
 
 def describe_validation_error(exc: ValidationError) -> str:

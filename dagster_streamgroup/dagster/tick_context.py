@@ -49,10 +49,19 @@ def group_resource(context: dg.SensorEvaluationContext, key: str) -> Any:
         if kept is not None and kept[0] is definition:
             _resources.move_to_end(id(definition))
             return kept[1]
+    # Built with the tick's own instance (kept for the process as the resource is): without one, Dagster makes an
+    # ephemeral instance whose in-memory SQLite storage holds a connection of this thread (a gRPC worker) until
+    # the resource is torn down at exit, in the main thread, where closing it fails with a traceback.
+    instance = tick_instance(context)
+    with _lock:
+        kept = _resources.get(id(definition))
+        if kept is not None and kept[0] is definition:
+            _resources.move_to_end(id(definition))
+            return kept[1]
         while len(_resources) >= KEPT_RESOURCES:
             _drop(next(iter(_resources)))
         stack = contextlib.ExitStack()
-        built = stack.enter_context(dg.build_resources({key: definition}))
+        built = stack.enter_context(dg.build_resources({key: definition}, instance=instance))
         _resources[id(definition)] = (definition, getattr(built, key), stack)
         return getattr(built, key)
 

@@ -118,11 +118,13 @@ def _instance(args: Any) -> Any:
 
 def next_run(channel: socket.socket, reader: BinaryIO) -> str | None:
     """Say ``IDLE`` and wait for the next run's ``execute_run`` arguments (one line); None when the server
-    closes its end instead."""
+    closes its end instead, or when an interrupt comes while it waits: Ctrl-C to ``dg dev`` / ``dagster dev``
+    reaches their whole process group, and an idle worker has no run to interrupt, so it exits quietly (its last
+    run succeeded) instead of printing a traceback of its wait."""
     try:
         channel.sendall(IDLE)
         line = reader.readline()
-    except OSError:
+    except (OSError, KeyboardInterrupt):
         return None
     if not line.endswith(b"\n"):
         return None

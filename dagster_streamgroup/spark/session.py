@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -25,7 +26,13 @@ LOCAL_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
+    # A run's log is the product's lines: no console progress bars from the driver (the UI shows the jobs).
+    "spark.ui.showConsoleProgress": "false",
 }
+
+LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
+"""A local driver's log settings: Spark's defaults without its start-up banner and Hadoop's native-library
+warning, which every run process printed to the ``dg dev`` console."""
 
 
 ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
@@ -53,11 +60,15 @@ def session_conf(master: str, conf: Mapping[str, str] | None = None) -> dict[str
     reachable from executors on other hosts, so its address is left to Spark (or the caller's ``conf``). Spark's
     own Kafka source is on the classpath where the project fetched it (``with_spark_kafka_jars``)."""
     base = dict(LOCAL_CONF)
+    given = dict(conf or {})
     if not master.startswith("local"):
         for key in LOOPBACK_DRIVER:
             base.pop(key)
+    else:  # the driver is this host's: its log settings ahead of the caller's (a later -D wins)
+        own = given.get("spark.driver.extraJavaOptions", "").strip()
+        given["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()} {own}".strip()
     return with_spark_format_jars(
-        with_spark_kafka_jars(with_string_redaction(with_arrow_java_options({**base, **(conf or {})})))
+        with_spark_kafka_jars(with_string_redaction(with_arrow_java_options({**base, **given})))
     )
 
 

@@ -96,6 +96,15 @@ def normalize_url(url: str) -> URL:
     )
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite store URL (None for any other store): what a reader checks exists before
+    opening it, since opening a SQLite URL creates an empty file."""
+    parsed = normalize_url(url) if url.lower().startswith("sqlite") else None
+    if parsed is None or parsed.drivername not in {"sqlite", "sqlite+pysqlite"} or not parsed.database:
+        return None
+    return Path(parsed.database).resolve()
+
+
 def state_table(name: str) -> Table:
     """The table layout; ``kind``/``schema_version`` mirror the body so the CAS can refuse rows not ours."""
     return Table(

@@ -253,6 +253,8 @@ def test_a_connection_string_holding_a_secret_is_an_env_ref(
         ({"function": "process"}, r":4 - attributes\.function: 'process' is not module:function"),
         ({"function": "no_such_module:process"}, r"attributes\.function: cannot import 'no_such_module'"),
         ({"heartbeat_interval_s": "10", "session_timeout_s": "12"}, r":\d+ - attributes\.session_timeout_s: "),
+        ({"heartbeat_interval_s": "1"}, r":\d+ - attributes\.heartbeat_interval_s: 1 s is below 5 s: Dagster's daemon"),
+        ({"heartbeat_interval_s": "4"}, r"attributes\.heartbeat_interval_s: 4 s is below 5 s"),
         ({"tick_wait_s": "9"}, r"attributes\.tick_wait_s: must be between 0 and 3.5 s"),
         ({"run_mode": "everything"}, r"attributes\.run_mode: Input should be 'member' or 'shard'"),
         ({"spark": "{remote: http://x:1}"}, r"attributes\.spark\.remote: must be a Spark Connect URL"),
@@ -395,13 +397,86 @@ def test_importing_the_package_does_not_import_dagster() -> None:
 def test_the_docs_yaml_loads(sandbox: DefsFolderSandbox) -> None:
     """docs/dagster.md's defs.yaml, as written there, with its function beside it."""
     doc = (ROOT / "docs" / "dagster.md").read_text()
-    found = re.search(r"`src/<project>/defs/clickstream/defs.yaml`:\n\n```yaml\n(.*?)```", doc, re.S)
+    found = re.search(r"`src/<project>/defs/clickstream/defs.yaml`[^`]*```yaml\n(.*?)```", doc, re.S)
     assert found is not None
     folder = sandbox.defs_folder_path / "clickstream"
     folder.mkdir()
     (folder / "defs.yaml").write_text(found.group(1))
-    (folder / "stream.py").write_text("def page_views_per_minute(context, df):\n    return None\n")
+    (folder / "stream.py").write_text("def process(context, df):\n    return None\n")
     component, defs = load(sandbox, folder)
     assert isinstance(component.streamgroup.sasl_password, dg.EnvVar)  # type: ignore[attr-defined]
     assert [s.name for s in defs.sensors or []] == [f"clickstream_member_{i}" for i in range(3)]
-    assert defs.get_assets_def("page_views_per_minute").key == dg.AssetKey("page_views_per_minute")
+    assert defs.get_assets_def("clickstream").key == dg.AssetKey("clickstream")
+
+
+# The scaffold: its parameters checked as the YAML is, and what a dg project gets once.
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ('{"topic": "clicks"}', r"topic\s+Extra inputs are not permitted"),
+        ('{"bootstrap_servers": "nohost"}', r"bootstrap_servers: 'nohost' is not host:port"),
+        ('{"topics": "clicks"}', r"topics\s+Input should be a valid (list|array)"),
+    ],
+)
+def test_kafka_scaffold_params_are_checked_as_the_yaml_is(params: str, message: str) -> None:
+    """As ``dg scaffold defs ... --json-params`` validates them (dagster's component_scaffolding)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from dagster_streamgroup.dagster.component import KafkaScaffoldParams
+
+    with pytest.raises(ValidationError, match=message):
+        TypeAdapter(KafkaScaffoldParams).validate_json(params)
+
+
+def test_scaffold_params_name_the_yaml_attributes() -> None:
+    from dagster_streamgroup.dagster.component import KafkaScaffolder, KafkaScaffoldParams, V3ioScaffoldParams
+
+    params = KafkaScaffoldParams.model_validate_json('{"topics": ["a", "b"], "bootstrap_servers": "h:1"}')
+    text = KafkaScaffolder().defs_yaml(KAFKA_TYPE, "g", params, "clicks")
+    assert "  topics: [a, b]\n" in text and "  bootstrap_servers: h:1\n" in text
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        V3ioScaffoldParams.model_validate({"stream": "x"})
+    with pytest.raises(ValueError, match="a v3io consumer-group name may hold only letters, digits and '_'"):
+        V3ioScaffoldParams.model_validate({"group": "page-views"})
+
+
+def test_a_dg_project_gets_the_instance_settings_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written where ``dg dev`` reads them while DAGSTER_HOME is unset (the project's root), the same settings as
+    the example's dagster.yaml; a file already there is left alone and its missing settings named; the group
+    state's folder kept out of git once."""
+    import yaml  # type: ignore[import-untyped]
+
+    from dagster_streamgroup.dagster.component import project_setup
+    from dagster_streamgroup.dagster.instance_settings import INSTANCE_YAML, SETTINGS
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    root = tmp_path / "demo"
+    root.mkdir()
+    (root / ".gitignore").write_text("__pycache__/")
+    said = "\n".join(project_setup(root))
+    assert f"Wrote {root / 'dagster.yaml'}" in said
+    written = yaml.safe_load((root / "dagster.yaml").read_text())
+    example = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    example.pop("telemetry")  # the example's own choice, not a stream setting
+    assert written == example
+    assert (root / "dagster.yaml").read_text() == INSTANCE_YAML
+    assert (root / ".gitignore").read_text().splitlines()[-1] == ".streamgroup/"
+
+    again = "\n".join(project_setup(root))  # a second group: nothing written twice
+    assert f"{root / 'dagster.yaml'} has the stream runs' instance settings." in again
+    assert (root / ".gitignore").read_text().count(".streamgroup/") == 1
+
+    (root / "dagster.yaml").write_text("run_launcher:\n  module: dagster.core.launcher\n  class: DefaultRunLauncher\n")
+    lacking = "\n".join(project_setup(root))
+    assert f"{root / 'dagster.yaml'} is left as it is; it lacks" in lacking
+    for setting in SETTINGS:
+        assert f"  - {setting.name}: {setting.value!r}: {setting.buys}" in lacking
+    assert "DefaultRunLauncher" in (root / "dagster.yaml").read_text()
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # dg dev then reads $DAGSTER_HOME's file, not the project's
+    assert f"{home / 'dagster.yaml'} has the stream runs' instance settings." in "\n".join(project_setup(root))

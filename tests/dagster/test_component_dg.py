@@ -126,7 +126,11 @@ def test_dg_lists_both_components(project: DgProject) -> None:
 
 
 def test_dg_scaffolds_a_kafka_group_that_checks_and_loads(project: DgProject) -> None:
-    project.ok("scaffold", "defs", KAFKA_TYPE, "clicks")
+    scaffolded = project.ok("scaffold", "defs", KAFKA_TYPE, "clicks")
+    # DAGSTER_HOME is set here: dg dev reads its dagster.yaml, which is named with what it lacks, and left alone.
+    assert f"{project.home / 'dagster.yaml'} is left as it is; it lacks" in scaffolded, scaffolded
+    assert "run_launcher.class: 'ForkServerRunLauncher'" in scaffolded
+    assert (project.home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
     folder = project.defs / "clicks"
     defs_yaml = (folder / "defs.yaml").read_text()
     assert defs_yaml.startswith(f"type: {KAFKA_TYPE}\n")
@@ -134,9 +138,13 @@ def test_dg_scaffolds_a_kafka_group_that_checks_and_loads(project: DgProject) ->
         assert f"  {line}\n" in defs_yaml, line
     assert "def process(context: dg.AssetExecutionContext, df: DataFrame)" in (folder / "stream.py").read_text()
 
-    checked = project.ok("check", "defs")
+    done = project.dg("check", "defs")
+    checked = done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
     assert "All component YAML validated successfully." in checked
     assert "All definitions loaded successfully." in checked
+    # dagster-spark's preview component comes with our dependencies; its warning is not the user's concern.
+    assert "SparkDeclarativePipelineScaffolder" not in done.stdout + done.stderr
 
     listed = json.loads(project.ok("list", "defs", "--json"))
     assert [a["asset_key"] for a in listed["assets"]] == ["clicks"]
@@ -163,6 +171,21 @@ def test_dg_scaffolds_a_v3io_group_from_params(project: DgProject) -> None:
         assert f"  {line}\n" in defs_yaml, line
     checked = project.ok("check", "defs")  # the key is read where it is used, not at load
     assert "All definitions loaded successfully." in checked
+
+
+def test_dg_scaffold_checks_its_params_as_the_yaml_is(project: DgProject) -> None:
+    """An unknown key (``topic`` for ``topics``) or a bad value is refused by ``dg scaffold`` itself, naming it,
+    and nothing is written."""
+    for params, message in (
+        ({"topic": "clicks"}, "Extra inputs are not permitted"),
+        ({"bootstrap_servers": "nohost"}, "bootstrap_servers: 'nohost' is not host:port"),
+    ):
+        done = project.dg("scaffold", "defs", KAFKA_TYPE, "clicks", "--json-params", json.dumps(params))
+        output = done.stdout + done.stderr
+        assert done.returncode != 0 and message in output, output
+        assert not (project.defs / "clicks" / "defs.yaml").exists()
+    project.ok("scaffold", "defs", KAFKA_TYPE, "clicks", "--json-params", json.dumps({"topics": ["a", "b"]}))
+    assert "  topics: [a, b]\n" in (project.defs / "clicks" / "defs.yaml").read_text()
 
 
 def test_dg_check_names_the_yaml_field(project: DgProject) -> None:

@@ -77,7 +77,7 @@ def write_group(project: DgProject, bootstrap: str, topic: str, group: str, stat
               bootstrap_servers: {bootstrap}
               topics: [{topic}]
               store_url: sqlite:///{state_db}
-              heartbeat_interval_s: 1
+              heartbeat_interval_s: 5
               session_timeout_s: 30
               join_grace_s: 0
               min_backlog: 1
@@ -129,7 +129,7 @@ def test_a_stopped_group_goes_warn_then_fail_in_dagsters_freshness(
     assert isinstance(defs, dg.Definitions)
     asset = defs.get_assets_def(ASSET)
     resources = dict(defs.resources or {})
-    warn, fail = freshness_windows(max_wait_s=1, heartbeat_interval_s=1, margin_s=0)
+    warn, fail = freshness_windows(max_wait_s=1, heartbeat_interval_s=5, margin_s=0)
 
     with dg.instance_for_test() as instance:
         # The group materializes: a member's tick claims both shards and requests their ranges; the run commits.

@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from dagster._core.errors import DagsterInvariantViolationError
+from dagster._core.instance.ref import InstanceRef
 
 from dagster_streamgroup.compute_logs import IDLE_POLL_S, Mirror, ThreadMirroredComputeLogManager
 
@@ -60,8 +62,30 @@ def test_base_dir_defaults_to_dagsters_own_place_under_dagster_home(
     assert manager._base_dir == str(tmp_path / "storage")
     assert ThreadMirroredComputeLogManager.from_config_value(None, {"base_dir": "/x"})._base_dir == "/x"
     monkeypatch.delenv("DAGSTER_HOME")
-    with pytest.raises(DagsterInvariantViolationError, match="base_dir: required when DAGSTER_HOME is not set"):
-        ThreadMirroredComputeLogManager.from_config_value(None, {})
+    unbound = ThreadMirroredComputeLogManager.from_config_value(None, {})
+    with pytest.raises(DagsterInvariantViolationError, match="base_dir: not set, DAGSTER_HOME is not set"):
+        unbound.capture_logs(["a", "b"]).__enter__()
+
+
+def test_without_dagster_home_the_logs_go_to_the_temporary_instances_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``dg dev`` and ``dagster dev`` do without ``DAGSTER_HOME``: a temporary instance folder, with the
+    ``dagster.yaml`` of the working directory (a dg project's root) as its settings. The block the scaffold writes
+    there loads, and the logs go where Dagster's own default would put them."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    config_dir, temporary = tmp_path / "project", tmp_path / "project" / ".tmp_dagster_home_x"
+    temporary.mkdir(parents=True)
+    (config_dir / "dagster.yaml").write_text(
+        "compute_logs:\n  module: dagster_streamgroup.compute_logs\n  class: ThreadMirroredComputeLogManager\n"
+    )
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(temporary), config_dir=str(config_dir))) as instance:
+        manager = instance.compute_log_manager
+        assert isinstance(manager, ThreadMirroredComputeLogManager)
+        assert manager._base_dir == str(temporary / "storage")
+        with manager.capture_logs(["run", "step"]):
+            pass
+        assert manager.is_capture_complete(["run", "step"])
 
 
 def _wakeups(thread_id: int) -> int:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -98,3 +102,23 @@ def test_the_instance_is_opened_once_per_reference() -> None:
         assert given is instance
         assert tick_context.tick_instance(dg.build_sensor_context()) is None
         tick_context.release()  # disposed before the test's instance directory goes
+
+
+def test_a_code_server_ends_without_tracebacks(tmp_path: Path) -> None:
+    """The resource a member tick builds in a gRPC worker thread is kept for the process and torn down at its exit,
+    in the main thread. Built without an instance, Dagster gave it an ephemeral one whose in-memory SQLite
+    storage holds a connection opened in the worker thread: closing it from the main thread printed six
+    ``sqlite3.ProgrammingError`` tracebacks on every stop of ``dg dev`` / ``dagster dev``."""
+    probe = Path(__file__).parent / "tick_context_probe" / "probe.py"
+    done = subprocess.run(
+        [sys.executable, str(probe), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "KafkaStreamGroup in ThreadPoolExecutor" in done.stdout
+    assert "Traceback" not in done.stderr and "ProgrammingError" not in done.stderr, done.stderr

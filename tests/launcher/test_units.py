@@ -4,9 +4,11 @@ channel's messages."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -147,3 +149,27 @@ def test_a_relative_code_file_is_found_only_in_the_working_directory(tmp_path: P
     assert unreachable_code_file(_origin(str(served / "definitions.py"), str(elsewhere))) is None  # absolute
     reason = unreachable_code_file(_origin("definitions.py", str(elsewhere)))
     assert reason is not None and "'definitions.py'" in reason and str(elsewhere) in reason
+
+
+def test_an_idle_worker_interrupted_while_it_waits_exits_quietly() -> None:
+    """Ctrl-C to ``dg dev`` reaches the whole process group, idle run workers included: a worker waiting for its
+    next run has nothing to interrupt and takes the interrupt as the end of its wait (it printed a traceback of
+    the wait before). The interrupt comes as Ctrl-C's does, as SIGINT to this process while it waits."""
+    from dagster_streamgroup.launcher.child import IDLE, next_run
+
+    ours, servers = socket.socketpair()
+    try:
+        reader = ours.makefile("rb")
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            waited = next_run(ours, reader)
+        except KeyboardInterrupt:
+            pytest.fail("the interrupt escaped the idle worker's wait")
+        finally:
+            timer.cancel()
+        assert waited is None
+        assert servers.recv(1) == IDLE  # it had said it was idle before it waited
+    finally:
+        ours.close()
+        servers.close()

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dagster_streamgroup.dagster.devserver import wait_for
 from dagster_streamgroup.local.kafka_broker import running_broker
 from dagster_streamgroup.patches import VERIFIED_DAGSTER_VERSIONS
 
@@ -113,7 +114,8 @@ def wheel_problems(wheel: Path) -> list[str]:
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:") and "extra ==" not in line
     ]
-    for only_extra in ("dagster-webserver", "dagster-postgres", "psycopg", "uvicorn", "cryptography", "starlette"):
+    extras_only = ("dagster-webserver", "dagster-dg-cli", "dagster-postgres", "psycopg", "uvicorn", "cryptography")
+    for only_extra in (*extras_only, "starlette"):
         problems += [f"{req} is a runtime dependency" for req in unconditional if re.match(rf"{only_extra}\b", req)]
     pinned = [req for req in unconditional if "==" in req]
     problems += [f"{req} is pinned, not a range" for req in pinned]
@@ -337,6 +339,118 @@ def smoke(
     return report
 
 
+NEWCOMER = "newcomer"
+"""The dg project of the newcomer's path (beside PROJECT, made by the same create-dagster)."""
+NEWCOMER_RECORDS = 300
+DG_TIMEOUT_S = 480.0
+CONSOLE_NOISE = (
+    "Traceback",
+    "SparkDeclarativePipelineScaffolder",  # dagster-spark's preview warning, which our dependencies bring
+    "Using Spark's default log4j profile",
+    "NativeCodeLoader",
+    "[Stage ",  # Spark's console progress bars
+    "ProgrammingError",
+)
+"""What a clean ``dg dev`` console, from start to a clean stop, does not show."""
+
+
+def dg_newcomer(
+    work: Path, venv: Path, wheel: Path, resolution: str, dagster: str, bootstrap: str, env: Mapping[str, str], tag: str
+) -> str:
+    """The path docs/dagster.md gives a newcomer: the wheel with ``[local]`` (which brings ``dg``), a project from
+    ``create-dagster``, the group scaffolded (which writes the project's dagster.yaml: the run economy), ``dg check
+    defs``, ``dg dev`` on a free port with DAGSTER_HOME unset until every record is committed and materialized (by
+    runs forked by the fork-server launcher the scaffold configured), ``streamgroup status`` in the project (its
+    members and committed offsets, no lag), then Ctrl-C: a clean exit, and a console without tracebacks or Spark's
+    start-up noise. Returns a summary line."""
+    from dagster_streamgroup.local.dg_project import KAFKA_COMPONENT, DgDev, create_project, set_attributes
+    from dagster_streamgroup.local.kafka_data import create_topics, produce_sample
+
+    python = venv / "bin" / "python"
+    install: list[str | Path] = [UV, "pip", "install", "--python", python, "--resolution", resolution]
+    run("installing the wheel's [local] extra (dg)", [*install, f"{wheel}[local]"], cwd=work, env=env)
+    project = create_project(work, NEWCOMER, python, dagster, UV)
+    group, topic = f"newcomer_{tag}", f"newcomer_{tag}"
+    params = json.dumps({"group": group, "bootstrap_servers": bootstrap, "topics": [topic]})
+    scaffolded = project.dg("scaffold", "defs", KAFKA_COMPONENT, "clicks", "--json-params", params)
+    settings = project.root / "dagster.yaml"
+    if f"Wrote {settings}" not in scaffolded or not settings.is_file():
+        raise StepError(f"dg scaffold did not write the project's dagster.yaml:\n{scaffolded[-2000:]}")
+    if ".streamgroup/" not in (project.root / ".gitignore").read_text().splitlines():
+        raise StepError("dg scaffold did not add .streamgroup/ to the project's .gitignore")
+    defs_yaml = project.defs / "clicks" / "defs.yaml"
+    set_attributes(defs_yaml, {"default_status": "RUNNING", "members": "1", "master": "local[1]"})
+    checked = project.dg("check", "defs")
+    noisy = [n for n in ("SparkDeclarativePipelineScaffolder", "GETPID", "Traceback") if n in checked]
+    if "All definitions loaded successfully." not in checked or noisy:
+        raise StepError(f"dg check defs (noise: {noisy}):\n{checked[-3000:]}")
+
+    create_topics(bootstrap, {topic: 2})
+    ends = produce_sample(bootstrap, topic, 2, NEWCOMER_RECORDS)
+    total = sum(ends.values())
+    log = work / "dg-dev.log"
+    with DgDev(project, log) as dev:
+        dev.start()
+
+        def done() -> list[dict[str, Any]] | None:
+            materialized = dev.materializations("clicks")
+            committed = sum(int(m.get("records") or 0) for m in materialized)
+            return materialized if committed >= total else None
+
+        try:
+            materialized = wait_for(f"{total} records committed and materialized", done, DG_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise StepError(f"dg dev: {exc}\n{log.read_text(errors='replace')[-3000:]}") from None
+        runs = dev.runs()
+        status = project.run(project.bin / "streamgroup", "status", "--group", group)
+        exit_code = dev.stop()
+    console = log.read_text(errors="replace")
+    problems = [f"{noise!r} in its console" for noise in CONSOLE_NOISE if noise in console]
+    if exit_code != 0:
+        problems.append(f"dg dev exited with {exit_code} on SIGINT")
+    failed = [r["runId"] for r in runs if r["status"] != "SUCCESS"]
+    spawned = [
+        r["runId"] for r in runs if json.loads(r["tags"].get("streamgroup/run_worker", "{}")).get("via") != "fork"
+    ]
+    if failed or spawned:
+        problems.append(f"runs not SUCCESS: {failed}; not forked by the fork-server launcher: {spawned}")
+    state = project.root / ".streamgroup" / "streamgroup-state.db"
+    expected = [f"state: sqlite:///{state}", f"{group}_member_0", "total lag: 0 records"]
+    expected += [f"{topic}:{partition}" for partition in ends]
+    problems += [f"status lacks {text!r}" for text in expected if text not in status]
+    rows = status_rows(status)
+    problems += [
+        f"status shows {topic}:{p} as {rows.get(f'{topic}:{p}')}, not committed = high = {end}, lag 0"
+        for p, end in ends.items()
+        if rows.get(f"{topic}:{p}", {}).get("committed") != str(end) or rows[f"{topic}:{p}"].get("lag") != "0"
+    ]
+    if problems:
+        raise StepError("; ".join(problems) + f"\nstatus:\n{status}\nconsole tail:\n{console[-3000:]}")
+    first = min(float(r["endTime"]) for r in runs if r["endTime"]) - (dev.started_at or 0.0)
+    starts = sorted(float(r["startTime"]) - float(r["creationTime"]) for r in runs if r["startTime"])
+    return (
+        f"{len(materialized)} materializations of {total} records in {len(runs)} runs, the first done {first:.0f} s "
+        f"after dg dev started, runs started {starts[len(starts) // 2]:.1f} s after creation (median); "
+        "status showed the members and committed offsets; a clean stop"
+    )
+
+
+def status_rows(status: str) -> dict[str, dict[str, str]]:
+    """The shards table of ``streamgroup status``: each shard's cells by column name."""
+    lines = [line.replace("┃", "│") for line in status.splitlines() if "│" in line or "┃" in line]
+    header = next((line for line in lines if "committed" in line and "shard" in line), None)
+    if header is None:
+        return {}
+    names = [cell.strip() for cell in header.split("│")]
+    rows = {}
+    for line in lines[lines.index(header) + 1 :]:
+        cells = [cell.strip() for cell in line.split("│")]
+        if len(cells) == len(names):
+            row = dict(zip(names, cells, strict=True))
+            rows[row["shard"]] = row
+    return rows
+
+
 def unit_tests(work: Path, venv: Path, env: Mapping[str, str]) -> str:
     """The unit tests against the installed package (a copy outside the checkout), with the pinned test tools."""
     python = venv / "bin" / "python"
@@ -405,6 +519,10 @@ def check_one(outcome: Outcome, interpreter: str, wheel: Path, bootstrap: str, a
         if not args.no_unit:
             started = time.monotonic()
             step(f"unit tests: {unit_tests(work, venv, env)}", started)
+        if not args.no_dg:
+            started = time.monotonic()
+            summary = dg_newcomer(work, venv, wheel, resolution, outcome.versions["dagster"], bootstrap, env, tag)
+            step(f"dg: create-dagster project, dg scaffold defs, dg check defs, dg dev: {summary}", started)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -415,6 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-missing", action="store_true", help="only resolve for a missing Python")
     parser.add_argument("--no-project", action="store_true", help="leave out the create-dagster project")
     parser.add_argument("--no-unit", action="store_true", help="leave out the unit tests")
+    parser.add_argument("--no-dg", action="store_true", help="leave out the dg project under dg dev")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
     args = parser.parse_args(argv)
     pythons = [p.strip() for p in args.python.split(",") if p.strip()]
