@@ -84,7 +84,8 @@ class SinkResult:
 class RangeSink(BaseModel, ABC):
     """A sink for a run's rows: ``write(df, ranges, run)`` commits the rows of exactly those ranges, once."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Errors never echo what was given: a refused setting may be a secret.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     replaces_by_coordinates: ClassVar[bool]
     """True: a write of any range replaces the rows of the records it covers, whatever earlier runs' bounds were

@@ -28,14 +28,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
-from dagster_streamgroup.sinks.base import RangeSink, SinkResult, SinkRun, Stopwatch, to_arrow
+from dagster_streamgroup.sinks.base import RangeSink, SinkResult, SinkRun, Stopwatch, backoff_s, to_arrow
 from dagster_streamgroup.sinks.coordinates import (
     CoordinateColumns,
     ShardRange,
@@ -58,6 +59,9 @@ SOURCE_HEADER = "streamgroup.source"
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TIMEOUT_S = 30.0
+_COORDINATOR_CODES = frozenset({14, 15, 16, 88})
+"""COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, UNSTABLE_OFFSET_COMMIT: answers of a
+group coordinator that is starting, moving, or holding a transaction's offsets; the call is made again."""
 
 _OWNED_PROPERTIES = {
     "transactional.id": "the sink sets it per source shard (<transactional_id_prefix>.<shard>), which is what "
@@ -266,7 +270,7 @@ class KafkaTopicSink(RangeSink):
         consumer = Consumer(self._consumer_config(run))
         try:
             try:
-                producer.init_transactions(_TIMEOUT_S)
+                _retried(lambda: producer.init_transactions(_TIMEOUT_S))
                 written = _marker(consumer, r.shard)
             except KafkaException as exc:
                 raise _sink_error(exc, r, "fencing older writers and reading the marker") from exc
@@ -279,18 +283,16 @@ class KafkaTopicSink(RangeSink):
             try:
                 producer.begin_transaction()
                 produced = self._produce(producer, records, r.shard)
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(topic, partition, r.end)], consumer.consumer_group_metadata(), _TIMEOUT_S
-                )
-                producer.commit_transaction(_TIMEOUT_S)
+                metadata = consumer.consumer_group_metadata()
+                marker = [TopicPartition(topic, partition, r.end)]
+                _retried(lambda: producer.send_offsets_to_transaction(marker, metadata, _TIMEOUT_S))
+                _retried(lambda: producer.commit_transaction(_TIMEOUT_S))
             except KafkaException as exc:
                 _abort_quietly(producer, exc)
                 raise _sink_error(exc, r, "its transaction") from exc
             return _ShardOutcome(rows=produced, skipped=False)
         finally:
-            consumer.close()
-            # The producer's transaction is committed or aborted by now; a fenced one has nothing to flush.
-            producer.flush(0)
+            consumer.close()  # the producer's transaction is committed or aborted (or fenced) by now
 
     def _produce(self, producer: Producer, records: pa.Table | None, shard: str) -> int:
         if records is None or records.num_rows == 0:
@@ -319,16 +321,44 @@ class _ShardOutcome:
 
 
 def _marker(consumer: Consumer, shard: str) -> int | None:
-    """The sink's group offset of a source partition (none: never committed)."""
+    """The sink's group offset of a source partition (none: never committed). Asked again while the group's
+    coordinator loads or moves, or a transaction's offsets are still pending, as a Kafka consumer does."""
     from confluent_kafka import TopicPartition
 
     topic, _, partition = shard.rpartition(":")
-    (found,) = consumer.committed([TopicPartition(topic, int(partition))], timeout=_TIMEOUT_S)
-    if found.error is not None:
-        from confluent_kafka import KafkaException
+    return _retried(
+        lambda: _offset_of(consumer.committed([TopicPartition(topic, int(partition))], timeout=_TIMEOUT_S)[0])
+    )
 
+
+def _offset_of(found: Any) -> int | None:
+    from confluent_kafka import KafkaException
+
+    if found.error is not None:
         raise KafkaException(found.error)
     return None if found.offset < 0 else int(found.offset)
+
+
+T = TypeVar("T")
+
+
+def _retried(call: Callable[[], T], within_s: float = _TIMEOUT_S) -> T:
+    """``call()``, again while it fails with a retriable Kafka error (a coordinator loading or moving, pending
+    transactional offsets), up to ``within_s``."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    deadline = time.monotonic() + within_s
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and (error.retriable() or error.code() in _COORDINATOR_CODES)
+            if not retriable or time.monotonic() > deadline:
+                raise
+        time.sleep(backoff_s(attempt, base_s=0.1, cap_s=1.0))
+        attempt += 1
 
 
 def _split_by_shard(data: pa.Table, columns: CoordinateColumns) -> dict[str, pa.Table]:
