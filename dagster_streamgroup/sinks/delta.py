@@ -97,7 +97,10 @@ class DeltaSink(RangeSink):
         value = value.strip()
         if not value:
             raise ValueError("table: must name a table path or URI")
-        return value if _URI.match(value) else str(Path(value).expanduser().resolve())
+        # A {{ }} template (a Component's YAML, rendered later) is made absolute once rendered.
+        if _URI.match(value) or "{{" in value:
+            return value
+        return str(Path(value).expanduser().resolve())
 
     @field_validator("partition_by")
     @classmethod

@@ -76,7 +76,10 @@ class RangeFolderSink(RangeSink):
         value = value.strip()
         if not value:
             raise ValueError("path: must name a folder")
-        return value if "://" in value else str(Path(value).expanduser().resolve())
+        # A {{ }} template (a Component's YAML, rendered later) is made absolute once rendered.
+        if "://" in value or "{{" in value:
+            return value
+        return str(Path(value).expanduser().resolve())
 
     def target(self) -> str:
         return self.path

@@ -27,6 +27,7 @@ from dagster_streamgroup.dagster import (
     V3ioStreamGroup,
     V3ioStreamGroupComponent,
     freshness_windows,
+    sink_replaces_by_coordinates,
     stream_asset,
     stream_definitions,
     stream_freshness_policy,
@@ -41,11 +42,12 @@ from dagster_streamgroup.dagster.component import (
     StreamGroupComponent,
 )
 from dagster_streamgroup.dagster.devserver import ROOT
+from dagster_streamgroup.sinks import DeltaSink
 from tests.secrets.leaks import Evidence, find_secrets
 
 COMPONENT_ATTRIBUTES = {
     "function", "members", "default_status", "asset", "freshness", "freshness_margin_s", "resource_key",
-    "spark_resource_key", "in_process_executor", "spark",
+    "spark_resource_key", "in_process_executor", "spark", "sink",
 }  # fmt: skip
 KAFKA_TYPE = "dagster_streamgroup.KafkaStreamGroupComponent"
 V3IO_TYPE = "dagster_streamgroup.V3ioStreamGroupComponent"
@@ -388,3 +390,22 @@ def test_the_docs_yaml_loads(sandbox: DefsFolderSandbox) -> None:
     assert isinstance(component.streamgroup.sasl_password, dg.EnvVar)  # type: ignore[attr-defined]
     assert [s.name for s in defs.sensors or []] == [f"clickstream_member_{i}" for i in range(3)]
     assert defs.get_assets_def("page_views_per_minute").key == dg.AssetKey("page_views_per_minute")
+
+
+def test_a_sink_in_yaml_is_the_assets_declared_sink(
+    sandbox: DefsFolderSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sink:`` takes any sink by its kind, with templates rendered; a refused setting names its YAML line."""
+    monkeypatch.setenv("CLICKS_TABLE", "/data/clicks")
+    delta = "sink:\n  kind: delta\n  table: '{{ env.CLICKS_TABLE }}'\n  partition_by: [day]\n"
+    component, defs = load(sandbox, write_component(sandbox, "clicks", KAFKA + delta))
+    assert component.sink == DeltaSink(table="/data/clicks", partition_by=["day"]), component.sink
+    asset = defs.get_assets_def("process")
+    assert sink_replaces_by_coordinates(asset)
+    kafka = "sink:\n  kind: kafka\n  topic: views\n  producer_properties:\n    acks: 1\n    sasl.password: hunter2\n"
+    error = load_error(sandbox, write_component(sandbox, "views", KAFKA + kafka))
+    assert re.search(r"defs.yaml:\d+ - attributes\.sink: .*breaks exactly once|holds a secret", error), error
+    assert "hunter2" not in error
+    unknown = "sink:\n  kind: iceberg\n  table: t\n"
+    error = load_error(sandbox, write_component(sandbox, "other", KAFKA + unknown))
+    assert "'iceberg' found using 'kind' does not match any of the expected tags: 'delta', 'kafka'" in error
