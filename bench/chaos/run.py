@@ -10,8 +10,11 @@
    main one and a small second one on a topic of its own (``SECOND_RECORDS`` records at the start and at the
    end, and a burst at each ``two_groups`` fault).
 2. ``--messages`` records arrive in ``--faults`` + 1 chunks; after each chunk but the last, one fault drawn
-   from ``faults.KINDS`` (seeded: every kind once, then at random) is injected. A sampler reads the committed
-   offsets of both groups from the group state and from Kafka's group offsets every second.
+   from ``faults.KINDS`` (seeded: every kind once, then at random) is injected. A fault that finds nothing to act
+   on (no run in flight, no launch) is tried again after the next chunk, then after a chunk of its own
+   (``bench.chaos.schedule``), and counts as missed only when none of its moments had anything for it. A
+   sampler reads the committed offsets of both groups from the group state and from Kafka's group offsets every
+   second.
 3. Once producing ended and every background fault is over (paused runs resumed, sensors started, poisoned
    shards parked, switched off and unparked), ``drain_s`` runs until the group states and Kafka's group offsets
    reach every partition's end, of both groups; then until every committed run's record is confirmed
@@ -57,6 +60,7 @@ from bench.chaos.check import (
 from bench.chaos.deployment import ChaosDeployment, GroupSettings
 from bench.chaos.faults import KINDS, Chaos
 from bench.chaos.producer import ChaosProducer
+from bench.chaos.schedule import inject_planned
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.devserver import wait_for
@@ -238,15 +242,14 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         kinds = faults.plan(options.faults, options.seed, options.kinds)
         sizes = chunk_sizes(options.messages, len(kinds) + 1)
         fault_budget = started + 0.55 * options.timeout_s
-        skipped: list[str] = []
-        for kind, size in zip(kinds, sizes, strict=False):
-            producer.chunk(size)
-            if time.monotonic() > fault_budget:
-                skipped.append(kind)
-                continue
-            time.sleep(chaos.rng.uniform(options.gap_min_s, options.gap_max_s))
-            faults.inject(chaos, kind)
-        producer.chunk(sizes[-1])
+        skipped = inject_planned(
+            kinds,
+            sizes,
+            produce=producer.chunk,
+            inject=lambda kind, final: faults.inject(chaos, kind, final),
+            wait=lambda: time.sleep(chaos.rng.uniform(options.gap_min_s, options.gap_max_s)),
+            in_time=lambda: time.monotonic() <= fault_budget,
+        )
         second.chunk(SECOND_RECORDS)
         produced_at = time.monotonic()
         print(f"produced {producer.acknowledged} records, {second.acknowledged} to the second group", flush=True)
