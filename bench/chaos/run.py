@@ -61,6 +61,7 @@ from bench.chaos.deployment import ChaosDeployment, GroupSettings
 from bench.chaos.faults import KINDS, Chaos
 from bench.chaos.producer import ChaosProducer
 from bench.chaos.schedule import inject_planned
+from bench.chaos.sinks import sink_verdict
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.devserver import wait_for
@@ -88,6 +89,8 @@ class ChaosOptions:
     """The groups' ``carry_on_s``: with it, runs carry on across waves while the faults land."""
     kinds: tuple[str, ...] = KINDS
     keep: bool = False
+    sinks: bool = False
+    """The main group's runs also commit into a Delta table and a Kafka topic, each counted (``bench.chaos.sinks``)."""
 
 
 class Sampler:
@@ -223,6 +226,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         max_records_per_run=options.max_records_per_run,
         max_attempts=3,
         carry_on_s=options.carry_on_s,
+        sinks=options.sinks,
     )
     deployment = ChaosDeployment(work, group)
     result: dict[str, Any] = {"messages": 0, "partitions": options.partitions, "seed": options.seed}
@@ -338,6 +342,16 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
                 "elapsed_s": round(time.monotonic() - started, 1),
             }
         )
+        if options.sinks:
+            main_highs = {s: h for s, h in highs.items() if s in set(deployment.shards())}
+            result["sinks"] = sink_verdict(
+                deployment.records_dir,
+                deployment.broker.bootstrap,
+                deployment.sink_topic,
+                options.partitions,
+                main_highs,
+                letters,
+            )
         result["failures"] = failures(result)
         result["passed"] = not result["failures"]
         failed = not result["passed"]
@@ -490,6 +504,9 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
     parser.add_argument("--carry-on-s", type=float, default=0.0, help="the groups' carry_on_s (0: a run per wave)")
     parser.add_argument("--kinds", default=",".join(faults.KINDS), help="the fault kinds to draw from, comma-separated")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, records)")
+    parser.add_argument(
+        "--sinks", action="store_true", help="the runs also commit into a Delta table and a Kafka topic, each checked"
+    )
     args = parser.parse_args(argv)
     for name in ("messages", "partitions", "faults", "members", "max_records_per_run"):
         if getattr(args, name) < 1:
@@ -516,6 +533,7 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
         carry_on_s=args.carry_on_s,
         kinds=kinds,
         keep=args.keep,
+        sinks=args.sinks,
     )
 
 
