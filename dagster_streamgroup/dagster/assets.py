@@ -642,7 +642,8 @@ def _sink_output(
     )
     result = sink.write(out, ranges, run)
     context.log.info(
-        f"{sink.target()}: {result.rows} row(s) of {result.ranges} range(s) committed in {result.seconds:.2f} s"
+        f"{sink.target()}: {'' if result.rows is None else f'{result.rows} row(s) of '}{result.ranges} range(s) "
+        f"committed in {result.seconds:.2f} s"
         + (f", {result.skipped_ranges} range(s) found written already" if result.skipped_ranges else "")
         + (f", {result.conflicts} conflict(s) retried" if result.conflicts else "")
     )

@@ -55,7 +55,8 @@ class SinkResult:
 
     kind: str
     target: str
-    rows: int
+    rows: int | None
+    """Rows committed (none: not counted, as Spark's executors wrote them: ``RangeFolderSink``)."""
     ranges: int
     skipped_ranges: int = 0
     """Ranges whose output the sink found committed already (a retry after its commit): nothing was written."""
@@ -66,12 +67,10 @@ class SinkResult:
     """The table version of the commit (Delta)."""
 
     def metadata(self) -> dict[str, str | int | float]:
-        out: dict[str, str | int | float] = {
-            "sink": self.kind,
-            "sink_target": self.target,
-            "sink_rows": self.rows,
-            "sink_s": round(self.seconds, 3),
-        }
+        out: dict[str, str | int | float] = {"sink": self.kind, "sink_target": self.target}
+        if self.rows is not None:
+            out["sink_rows"] = self.rows
+        out["sink_s"] = round(self.seconds, 3)
         if self.skipped_ranges:
             out["sink_ranges_already_written"] = self.skipped_ranges
         if self.conflicts:

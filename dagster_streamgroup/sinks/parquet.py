@@ -91,4 +91,4 @@ class RangeFolderSink(RangeSink):
         check_ranges(ranges)
         keyed = df if self.range_column in df.columns else with_range_column(df, ranges, self.range_column)
         write_range_folders(keyed, self.path, self.range_column)
-        return SinkResult(kind=self.kind, target=self.path, rows=-1, ranges=len(ranges), seconds=clock.seconds)
+        return SinkResult(kind=self.kind, target=self.path, rows=None, ranges=len(ranges), seconds=clock.seconds)

@@ -123,3 +123,33 @@ def test_a_function_that_returns_metadata_to_a_declared_sink_fails_before_anythi
         assert "returned no rows for it" in refusal_of(result)
         state = resource.member(driver.member_id).load()
         assert state is not None and state.shards[f"{topic}:0"].committed == 0
+
+
+@pytest.mark.slow
+@pytest.mark.spark_connect
+def test_a_delta_sink_over_spark_connect(kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path) -> None:
+    """The rows reach the run's process over Spark Connect (``DataFrame.toArrow()`` of a Connect session), as
+    ``scripts/example.sh`` runs them."""
+    from pyspark.sql import SparkSession
+
+    from dagster_streamgroup.local.spark_connect import running_connect_server
+
+    if SparkSession.getActiveSession() is not None:
+        pytest.skip(
+            "PySpark refuses a Connect session in a process that already runs a classic one (an earlier test's); "
+            "scripts/test.sh runs it in a pytest of its own (-m spark_connect)"
+        )
+    topic = kafka_topics(partitions=2)
+    produce_sample(kafka_bootstrap, topic, 2, 100)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=60)
+    sink = DeltaSink(table=str(tmp_path / "clicks"), partition_by=["partition"])
+    asset = clicks_asset(group, sink)
+    with running_connect_server() as server, dg.instance_for_test() as instance:
+        remote = StreamSparkResource(remote=server.remote)
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        for _ in range(2):
+            assert run(asset, instance, resource, remote, driver.request()).success
+    rows = DeltaTable(sink.table).to_pyarrow_table()
+    keys = list(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+    assert sorted(keys) == [(p, o) for p in (0, 1) for o in range(51)]
