@@ -409,3 +409,18 @@ def test_a_sink_in_yaml_is_the_assets_declared_sink(
     unknown = "sink:\n  kind: iceberg\n  table: t\n"
     error = load_error(sandbox, write_component(sandbox, "other", KAFKA + unknown))
     assert "'iceberg' found using 'kind' does not match any of the expected tags: 'delta', 'kafka'" in error
+
+
+def test_the_outputs_docs_yaml_loads(sandbox: DefsFolderSandbox) -> None:
+    """docs/outputs.md's ``sink:`` example, as written there, with its function beside it."""
+    doc = (ROOT / "docs" / "outputs.md").read_text()
+    found = re.search(r"```yaml\n(attributes:\n.*?)```", doc, re.S)
+    assert found is not None
+    folder = sandbox.defs_folder_path / "clicks"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(f"type: {KAFKA_TYPE}\n\n{found.group(1)}")
+    (folder / "stream.py").write_text("def clicks(context, df):\n    return df\n")
+    component, defs = load(sandbox, folder)
+    assert isinstance(component.sink, DeltaSink) and component.sink.partition_by == ["day"]
+    assert component.sink.configuration == {"delta.enableChangeDataFeed": "true"}
+    assert sink_replaces_by_coordinates(defs.get_assets_def("clicks"))
