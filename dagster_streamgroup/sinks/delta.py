@@ -219,7 +219,10 @@ class DeltaSink(RangeSink):
             target_file_size=self.target_file_size,
             commit_properties=CommitProperties(custom_metadata=metadata, app_transactions=transactions or None),
         )
-        return table.version() if table is not None else 0
+        if table is not None:
+            return table.version()  # the snapshot the commit was made on, moved to the commit
+        created = self._open()  # this write created the table, unless another writer did first
+        return 0 if created is not None and created.version() == 0 else None
 
 
 def _offsets(table: DeltaTable, shards: Sequence[str]) -> dict[str, int]:
