@@ -163,6 +163,8 @@ class DeltaSink(RangeSink):
         check_rows_in_ranges(data, ranges, kind, self.coordinates, what)
         data = _coordinates_first(data, self.coordinates.names(kind))
         predicate = range_predicate(ranges, kind, self.coordinates)
+        if predicate == "false" and data.num_rows == 0:  # only empty ranges: nothing to replace, nothing to add
+            return SinkResult(kind=self.kind, target=self.table, rows=0, ranges=len(ranges), seconds=clock.seconds)
         metadata = _commit_metadata(ranges, run)
         conflicts = 0
         for attempt in range(self.max_attempts):

@@ -273,3 +273,11 @@ def test_a_sink_refuses_credentials_in_its_options_and_a_partition_per_record() 
         DeltaSink(table="/tmp/t", partition_by=["offset"])
     assert DeltaSink(table="s3://b/t", storage_options={"AWS_REGION": "eu-west-1"}).table == "s3://b/t"
     assert os.path.isabs(DeltaSink(table="relative/t").table)
+
+
+def test_a_run_of_empty_ranges_commits_nothing(tmp_path: Path) -> None:
+    sink = DeltaSink(table=str(tmp_path / "t"))
+    sink.write(rows("clicks:0", 0, 5, "a"), [Range("clicks:0", 0, 5)])
+    result = sink.write(rows("clicks:0", 5, 5, "b"), [Range("clicks:0", 5, 5), Range("clicks:1", 9, 9)])
+    assert (result.rows, result.version) == (0, None)
+    assert DeltaTable(str(tmp_path / "t")).version() == 0, "no empty commit"
