@@ -424,3 +424,16 @@ def test_the_outputs_docs_yaml_loads(sandbox: DefsFolderSandbox) -> None:
     assert isinstance(component.sink, DeltaSink) and component.sink.partition_by == ["day"]
     assert component.sink.configuration == {"delta.enableChangeDataFeed": "true"}
     assert sink_replaces_by_coordinates(defs.get_assets_def("clicks"))
+
+
+def test_the_outputs_docs_python_declares_its_sinks() -> None:
+    """docs/outputs.md's Python, as written there: the one call, and the sinks declared on stream assets."""
+    doc = (ROOT / "docs" / "outputs.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
+    assert len(blocks) == 2
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/outputs.md", "exec"), namespace)
+    clicks, enriched = namespace["clicks"], namespace["enriched"]
+    assert isinstance(clicks, dg.AssetsDefinition) and isinstance(enriched, dg.AssetsDefinition)
+    assert sink_replaces_by_coordinates(clicks) and not sink_replaces_by_coordinates(enriched)
