@@ -55,6 +55,8 @@ def run_rows(ranges: Sequence[Range], tag: str, per_record: int = 1) -> pa.Table
 
 
 def table_rows(path: Path) -> list[tuple[str, int, int, str]]:
+    if not DeltaTable.is_deltatable(str(path)):  # only empty ranges written: no commit, no table
+        return []
     table = DeltaTable(str(path)).to_pyarrow_table()
     return sorted(
         zip(
