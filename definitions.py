@@ -9,7 +9,7 @@ import dagster as dg
 
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, StreamSparkResource, V3ioStreamGroup
 from jobs import settings
-from jobs.clickstream import page_views_per_minute
+from jobs.clickstream import ASSETS, SENSORS
 from sensors.clickstream import clickstream_members
 
 
@@ -57,8 +57,8 @@ def typed_records() -> dict[str, str]:
 
 
 defs = dg.Definitions(
-    assets=[page_views_per_minute],
-    sensors=clickstream_members,
+    assets=ASSETS,
+    sensors=[*clickstream_members, *SENSORS],
     resources={
         "streamgroup": streamgroup_resource(),
         "pyspark": StreamSparkResource(master=settings.SPARK_MASTER, remote=settings.SPARK_REMOTE),

@@ -4,7 +4,13 @@ Streaming's own Kafka source (the peer users would pick instead of us) and a raw
 ``python -m bench.e2e [--records 2000000] [--partitions 32] [--members 3] [--max-records-per-run N]
 [--warmup-records RECORDS] [--spark connect|local] [--layout services|dev] [--idle-seconds 20] [--drains 3]
 [--overhead-repeats 3] [--single-job-repeats 3] [--memory-runs 100] [--cpu-interval 0.5] [--heartbeat 3]
-[--session-timeout 300] [--[no-]overlapped] [--[no-]peer] [--timeout 1800]``
+[--session-timeout 300] [--[no-]overlapped] [--[no-]peer] [--sink parquet|delta] [--timeout 1800]``
+
+``--sink delta``: the example with its Delta sink (``CLICKSTREAM_SINK=delta``: each click's row, with its source
+coordinates, committed by each run into a Delta table partitioned by day; the page views' automation sensor
+stopped, so the runs timed are the stream's), and the peer's ``foreachBatch`` appending the same rows to a Delta
+table of its own with Delta's idempotent-write transaction (``bench.peer_spark_streaming.ClickRowsToDelta``); the
+probe then reads both tables (every record once) and reports their data files after the drain (``files``).
 
 1. the local broker and an empty topic of ``--partitions`` partitions;
 2. ``per_run_overhead_s``: Spark's fixed cost of a run (session + first 1,000-record Python Data Source
@@ -105,11 +111,12 @@ from typing import Any
 import pyarrow as pa
 
 from bench import deployment, process_cpu
-from bench.deployment import ASSET, HEARTBEAT_S, Deployment, ExampleSettings, running_example
+from bench.deployment import ASSET, DELTA_ASSET, HEARTBEAT_S, Deployment, ExampleSettings, running_example
 from bench.figures import median_or_none, rounded, target_line
 from bench.peer_spark_streaming import (
     PeerSpec,
     backlog_by_shard,
+    probe_delta,
     probe_sink,
     produce_clicks,
     run_peer_in_subprocess,
@@ -520,12 +527,17 @@ def peer_while_idle(
             starting_offsets=starts,
             timeout_s=args.timeout,
             broker_pid=broker_pid,
+            sink=args.sink,
         )
         peer = run_peer_in_subprocess(spec)
     finally:
         delete_topics(bootstrap, [warmup_topic])
-    peer_probe = probe_sink(spec.output, backlog_by_shard(backlog.starts, backlog.highs))
-    ours_probe = probe_sink(example.env["CLICKSTREAM_OUTPUT"], backlog.highs)
+    if args.sink == "delta":  # each side's table: every record once, and its data files after the drain
+        peer_probe = probe_delta(spec.output, backlog_by_shard(backlog.starts, backlog.highs))
+        ours_probe = probe_delta(Path(example.env["CLICKSTREAM_OUTPUT"]) / "clicks", backlog.highs)
+    else:
+        peer_probe = probe_sink(spec.output, backlog_by_shard(backlog.starts, backlog.highs))
+        ours_probe = probe_sink(example.env["CLICKSTREAM_OUTPUT"], backlog.highs)
     print(f"sink probes: peer {peer_probe}; ours (warm-up and backlog) {ours_probe}", flush=True)
     for side, probe in (("the peer's", peer_probe), ("our deployment's", ours_probe)):
         if not probe["ok"]:
@@ -551,7 +563,8 @@ def peer_while_idle(
 def materializations_of(example: Deployment, runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     ids = {run["runId"] for run in runs}
     done: dict[str, list[dict[str, Any]]] = {}
-    for m in example.dev.materializations(ASSET):
+    asset = DELTA_ASSET if example.env.get("CLICKSTREAM_SINK") == "delta" else ASSET
+    for m in example.dev.materializations(asset):
         if m["runId"] in ids:
             done.setdefault(m["runId"], []).append(m)
     return done
@@ -581,6 +594,7 @@ def drain(
         max_records_per_run=args.max_records_per_run,
         spark_remote=remote,
         layout=args.layout,
+        sink=args.sink,
         # Member ids fixed from the first tick: ids derived from the instance's storage id can differ on the
         # very first ticks, and a long session timeout would keep those stale members until it ran out.
         deployment=f"bench-{uuid.uuid4().hex[:8]}",
@@ -746,6 +760,13 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also drain the standing-start backlog with Spark Structured Streaming's Kafka source (AvailableNow)",
     )
+    parser.add_argument(
+        "--sink",
+        choices=["parquet", "delta"],
+        default="parquet",
+        help="the example's output (CLICKSTREAM_SINK): page views per range folder, or each click's row in a Delta "
+        "table; the peer writes the same (with delta: through foreachBatch and delta-rs, docs/outputs.md)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up draining after this many seconds")
     args = parser.parse_args(argv)
     if args.warmup_records is None:
@@ -775,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         "members": args.members,
         "spark": args.spark,
         "layout": args.layout,
+        "sink": args.sink,
     }
     with running_broker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         topic = f"clicks-{uuid.uuid4().hex[:8]}"

@@ -163,6 +163,47 @@ class PageViewsBatches:
         return sum(b.records for b in self.done)
 
 
+class ClickRowsToDelta(PageViewsBatches):
+    """The peer's ``foreachBatch`` with the Delta sink (``bench.e2e --sink delta``): the example's ``click_rows`` of
+    the batch appended to a Delta table at ``output``, partitioned by day as ours, with Delta's idempotent write
+    for ``foreachBatch``: the commit records the application transaction (app id: this query's checkpoint, version:
+    the batch id), and a batch whose id the table holds already is skipped (a replayed batch after a failure).
+
+    Delta's own streaming sink (and the ``txnAppId``/``txnVersion`` options of Delta's Spark writer) need
+    ``delta-spark`` for Spark 4.2, which Maven Central does not serve (docs/outputs.md), so the rows go through
+    delta-rs, as a Spark 4.2 user's ``foreachBatch`` would write them; the batch is persisted and read once."""
+
+    def __init__(self, output: str | Path, app_id: str, inspect: Inspect | None = None) -> None:
+        super().__init__(output, inspect)
+        self.app_id = app_id
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        from jobs.clickstream import click_rows
+
+        started = time.perf_counter()
+        batch.persist()
+        try:
+            found = batch_ranges(batch)
+            exists = DeltaTable.is_deltatable(self.output)
+            done = DeltaTable(self.output).transaction_version(self.app_id) if exists else None
+            if found and (done is None or done < batch_id):
+                if self.inspect is not None:
+                    self.inspect(batch, batch_id)
+                write_deltalake(
+                    self.output,
+                    click_rows(batch).toArrow(),
+                    mode="append",
+                    partition_by=["day"],
+                    commit_properties=CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)]),
+                )
+        finally:
+            batch.unpersist()
+        ranges = [(r.shard, r.start, r.end) for r, _ in found]
+        self.done.append(BatchDone(batch_id, ranges, sum(n for _, n in found), time.perf_counter() - started))
+
+
 def start_query(
     spark: SparkSession,
     bootstrap: str,
@@ -175,6 +216,7 @@ def start_query(
     max_offsets_per_trigger: int | None = None,
     min_partitions: int | None = None,
     inspect: Inspect | None = None,
+    sink: str = "parquet",
 ) -> tuple[StreamingQuery, PageViewsBatches]:
     """Start the peer's streaming query and return it with its batch function (which records each batch).
 
@@ -191,7 +233,11 @@ def start_query(
             min_partitions=min_partitions,
         )
     )
-    batches = PageViewsBatches(output, inspect)
+    batches = (
+        ClickRowsToDelta(output, f"peer:{Path(str(checkpoint)).resolve()}", inspect)
+        if sink == "delta"
+        else PageViewsBatches(output, inspect)
+    )
     writer = source.load().writeStream.foreachBatch(batches).option("checkpointLocation", str(checkpoint))
     writer = writer.queryName(f"peer-{Path(str(checkpoint)).name}")
     if trigger == AVAILABLE_NOW:
@@ -230,6 +276,8 @@ class PeerSpec:
     broker_pid: int | None = None
     """The local broker's PID, to count its CPU over the timed drain (``None``: an external cluster)."""
     extra_conf: dict[str, str] = field(default_factory=dict)
+    sink: str = "parquet"
+    """``parquet``: the example's page views per range folder; ``delta``: its click rows into a Delta table."""
 
     @property
     def output(self) -> Path:
@@ -261,6 +309,7 @@ def drain(
         starting_offsets=offsets,
         max_offsets_per_trigger=spec.max_offsets_per_trigger,
         min_partitions=spec.min_partitions,
+        sink=spec.sink,
     )
     await_query(query, spec.timeout_s)
     seconds = time.perf_counter() - started
@@ -452,6 +501,43 @@ def probe_sink(output: str | Path, expected: Mapping[str, int]) -> dict[str, Any
         "ranges": len(ranges),
         "mismatched": mismatched,
         "overlapping": overlaps,
+    }
+
+
+def probe_delta(table: str | Path, expected: Mapping[str, int]) -> dict[str, Any]:
+    """Whether a Delta table of click rows holds each record once, ``expected`` records per shard, and how many
+    data files it has (``files``: what readers open; ``files_on_disk``: with those a replacement removed from the
+    table but a vacuum has not deleted yet)."""
+    from deltalake import DeltaTable
+
+    path = str(table)
+    if not DeltaTable.is_deltatable(path):
+        return {"ok": not any(expected.values()), "rows": 0, "expected": sum(expected.values()), "files": 0}
+    dt = DeltaTable(path)
+    rows = dt.to_pyarrow_table(columns=["topic", "partition", "offset"]).to_pydict()
+    keys = list(zip(rows["topic"], rows["partition"], rows["offset"], strict=True))
+    per_shard: dict[str, int] = {}
+    for topic, partition, _ in keys:
+        shard = f"{topic}:{partition}"
+        per_shard[shard] = per_shard.get(shard, 0) + 1
+    wanted = {shard: n for shard, n in expected.items() if n}
+    mismatched = {
+        shard: {"rows": per_shard.get(shard, 0), "expected": wanted.get(shard, 0)}
+        for shard in sorted({*per_shard, *wanted})
+        if per_shard.get(shard, 0) != wanted.get(shard, 0)
+    }
+    doubled = len(keys) - len(set(keys))
+    return {
+        "ok": not mismatched and not doubled,
+        "rows": len(keys),
+        "expected": sum(wanted.values()),
+        "doubled": doubled,
+        "files": len(dt.file_uris()),
+        "files_on_disk": sum(
+            1 for f in Path(path).rglob("*.parquet") if not any(p.startswith("_") for p in f.relative_to(path).parts)
+        ),
+        "version": dt.version(),
+        "mismatched": mismatched,
     }
 
 

@@ -39,6 +39,8 @@ class StreamAssetParts:
     fn: UserFunction
     group: StreamGroupResource
     spark: Any
+    sink: Any = None
+    """The asset's declared sink (``stream_asset(sink=...)``): the function returns its rows, the call writes them."""
 
 
 def load_example(env: Mapping[str, str]) -> dg.Definitions:
@@ -74,7 +76,8 @@ def stream_asset_parts(defs: dg.Definitions) -> StreamAssetParts:
             spark = resources[str(metadata[sgt.PREFIX + "spark_resource_key"])]
             if not isinstance(group, StreamGroupResource):
                 raise RuntimeError(f"resource of stream asset {asset.key.to_user_string()} is not a stream group")
-            return StreamAssetParts(cells["fn"].cell_contents, group, spark)
+            sink = cells["sink"].cell_contents if "sink" in cells else None
+            return StreamAssetParts(cells["fn"].cell_contents, group, spark, sink)
     raise RuntimeError("the example defines no stream asset")
 
 
@@ -109,7 +112,9 @@ def call_user_function(parts: StreamAssetParts, spark: Any, ranges: Sequence[Sha
         partition_key=f"{ALL_RANGES_SHARD}:0-{records}",
         asset_config={"ranges": [{"shard": r.shard, "start": r.start, "end": r.end} for r in ranges]},
     )
-    parts.fn(context, df)
+    out = parts.fn(context, df)
+    if parts.sink is not None:  # a declared sink: its commit is part of the call, as it is of a run
+        parts.sink.write(out, ranges)
 
 
 def single_job_seconds(env: Mapping[str, str], ranges: Sequence[ShardRange], repeats: int = 3) -> dict[str, Any]:

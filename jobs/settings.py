@@ -80,6 +80,13 @@ CARRY_ON_S = _float("CLICKSTREAM_CARRY_ON_S", "60", minimum=0)
 """How long a member's run keeps taking its shards' next ranges (the resource's ``carry_on_s``; 0: a run per
 wave of ranges)."""
 OUTPUT = Path(_text("CLICKSTREAM_OUTPUT", "output/clickstream")).resolve()
+SINK = _choice("CLICKSTREAM_SINK", "parquet", ("parquet", "delta"))
+"""Where the stream asset's output goes. ``parquet``: page views per range, page and minute, one Parquet folder per
+range under ``OUTPUT`` (sinks.RangeFolderSink's layout). ``delta``: each click's row, keeping its source
+coordinates, in the Delta table ``OUTPUT/clicks`` (sinks.DeltaSink), and page views per minute, kept correct as
+ranges land, in ``OUTPUT/page_views_per_minute`` by a downstream asset (scripts/example.sh uses this one)."""
+CLICKS_TABLE = OUTPUT / "clicks"
+VIEWS_TABLE = OUTPUT / "page_views_per_minute"
 SPARK_MASTER = _text("CLICKSTREAM_SPARK_MASTER", "local[2]")
 SPARK_REMOTE = os.environ.get("CLICKSTREAM_SPARK_REMOTE", "").strip() or None
 

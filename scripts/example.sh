@@ -59,6 +59,9 @@ start_with_secrets() {  # COMMAND...: start it in the background ($! is its PID)
 export CLICKSTREAM_STREAM="$STREAM"
 export CLICKSTREAM_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 export CLICKSTREAM_OUTPUT="${CLICKSTREAM_OUTPUT:-$PWD/output/clickstream}"
+# The clicks in a Delta table (output/clickstream/clicks) and page views per minute beside it, kept by Dagster's
+# automation as ranges land; CLICKSTREAM_SINK=parquet: per-range partials, one Parquet folder per range.
+export CLICKSTREAM_SINK="${CLICKSTREAM_SINK:-delta}"
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP=127.0.0.1
 
 rm -rf "$DAGSTER_HOME" "$CLICKSTREAM_OUTPUT"

@@ -6,10 +6,10 @@ import dagster as dg
 
 from dagster_streamgroup.dagster import member_sensors
 from jobs import settings
-from jobs.clickstream import page_views_per_minute
+from jobs.clickstream import stream
 
 clickstream_members = member_sensors(
-    page_views_per_minute,
+    stream,
     members=settings.MEMBERS,
     heartbeat_interval_s=settings.HEARTBEAT_S,
     default_status=dg.DefaultSensorStatus.RUNNING,

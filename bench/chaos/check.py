@@ -508,6 +508,8 @@ def failures(result: Mapping[str, Any]) -> list[str]:
                 f"zombie run {zombie.get('run')} ended {zombie.get('status')} ({zombie.get('cause')}): its commit "
                 "was not refused"
             )
+    for sink, found in (result.get("sinks") or {}).items():  # the Delta table and the output topic, if written
+        out += [f"sink {sink} {name}: {found[name]}" for name in ("lost", "doubled", "extra") if found[name]]
     lag, limit = result["kafka_behind_state_max_s"], result["kafka_behind_state_limit_s"]
     if lag > limit:
         out.append(f"Kafka's group offset stayed behind the state's for {lag} s, past the limit of {limit} s")

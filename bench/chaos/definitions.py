@@ -18,15 +18,25 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from bench.chaos import recorder
+from bench.chaos import recorder, sinks
 from bench.chaos.settings import ASSET, SECOND_ASSET, SECOND_RESOURCE, STORE_URL_ENV, settings_from_env
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, member_sensors, ranges_of, stream_asset
 from dagster_streamgroup.dagster.assets import run_ranges_of
+from dagster_streamgroup.sinks import DeltaSink, KafkaTopicSink, SinkRun
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 SETTINGS = settings_from_env()
+SINKS: tuple[DeltaSink, KafkaTopicSink] | None = (
+    (
+        sinks.delta_sink(SETTINGS.work_dir),
+        sinks.kafka_sink(SETTINGS.bootstrap, SETTINGS.sink_topic, SETTINGS.group),
+    )
+    if SETTINGS.sink_topic is not None
+    else None
+)
+"""With ``CHAOS_SINK_TOPIC``: the main group's runs commit their records into both (``bench.chaos.sinks``)."""
 
 
 @stream_asset(group=SETTINGS.group, name=ASSET, kinds={"spark", "kafka"})
@@ -90,6 +100,11 @@ def record_ranges(context: dg.AssetExecutionContext, df: DataFrame, *, hold: boo
     if raising:
         poisoned = ", ".join(f"{s} ({n})" for s, n in sorted(bad.items()) if n)
         raise ValueError(f"poison records in {poisoned} while {recorder.POISON_SWITCH} is on")
+    if hold and SINKS is not None:  # before the hold, where the faults kill a run: after its sink commits
+        rows = df.select("topic", "partition", "offset", "value").toArrow()
+        run = SinkRun(group=SETTINGS.group, member=config.get("member"), run_key=config.get("run_key"))
+        for sink in SINKS:
+            sink.write(rows, specs, run)
     if hold and not backfill:
         recorder.hold_if_asked(
             work,

@@ -62,6 +62,8 @@ class GroupSettings:
     second_partitions: int = 3
     """The second group's topic (``two_groups``): a few partitions, fewer members than the main group."""
     second_members: int = 2
+    sinks: bool = False
+    """The main group's runs also write into a Delta table and an output topic (``bench.chaos.sinks``)."""
 
 
 SENSOR_WORKERS = 8
@@ -98,6 +100,7 @@ class ChaosDeployment:
     group_name: str = field(default_factory=lambda: f"chaos_{uuid.uuid4().hex[:8]}")
     second_topic: str = field(default_factory=lambda: f"chaos-second-{uuid.uuid4().hex[:8]}")
     second_group: str = field(default_factory=lambda: f"chaos_second_{uuid.uuid4().hex[:8]}")
+    sink_topic: str = field(default_factory=lambda: f"chaos-out-{uuid.uuid4().hex[:8]}")
     broker: LocalKafka = field(init=False)
     postgres: RestartablePostgres = field(init=False)
     connect: ConnectServer = field(init=False)
@@ -124,9 +127,10 @@ class ChaosDeployment:
 
     def start(self) -> None:
         self.broker.start()
-        create_topics(
-            self.broker.bootstrap, {self.topic: self.group.partitions, self.second_topic: self.group.second_partitions}
-        )
+        topics = {self.topic: self.group.partitions, self.second_topic: self.group.second_partitions}
+        if self.group.sinks:
+            topics[self.sink_topic] = self.group.partitions
+        create_topics(self.broker.bootstrap, topics)
         self.postgres.init()
         self.connect.start()
         self.dev = DagsterDev(self.work / "home", self.env(), self.work / "dagster-dev.log", workspace=WORKSPACE)
@@ -164,6 +168,7 @@ class ChaosDeployment:
             "CHAOS_SECOND_TOPIC": self.second_topic,
             "CHAOS_SECOND_GROUP": self.second_group,
             "CHAOS_SECOND_MEMBERS": str(g.second_members),
+            **({"CHAOS_SINK_TOPIC": self.sink_topic} if g.sinks else {}),
             PAUSE_FILE_ENV: str(self.pause_file),
             STORE_URL_ENV: self.postgres.url,
             "PYTHONPATH": str(ROOT),

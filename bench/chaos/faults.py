@@ -85,6 +85,12 @@ def plan(count: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
     return (first + [rng.choice(again) for _ in range(max(0, count - len(kinds)))])[:count]
 
 
+class NothingToActOn(Exception):  # noqa: N818 (an outcome, not an error)
+    """A fault found nothing to act on (no run in flight to kill or pause, no launch to refuse): the stream was
+    quiet at that moment. The driver gives it another moment, after more records (``schedule``), instead of
+    counting it missed: a missed fault fails the run, and must mean the fault could not land, not bad timing."""
+
+
 @dataclass
 class Injected:
     kind: str
@@ -262,7 +268,7 @@ def run_kill_before_commit(chaos: Chaos) -> tuple[bool, str]:
     held = chaos.hold_one()
     try:
         if held is None:
-            return False, "no run reached the end of its function in time"
+            raise NothingToActOn("no run reached the end of its function in time")
         os.kill(held.pid, signal.SIGKILL)
         return True, f"run {held.run_id} (pid {held.pid}) killed after its read, before its commit: {held.ranges}"
     finally:
@@ -276,7 +282,7 @@ def run_kill_after_commit(chaos: Chaos) -> tuple[bool, str]:
     held = chaos.hold_one()
     if held is None:
         chaos.unhold()
-        return False, "no run reached the end of its function in time"
+        raise NothingToActOn("no run reached the end of its function in time")
     broker = chaos.deployment.broker
     broker.pause()
     try:
@@ -377,7 +383,7 @@ def _running_worker(chaos: Chaos, timeout_s: float = 90.0) -> tuple[dict[str, An
 def run_pause(chaos: Chaos) -> tuple[bool, str]:
     found = _running_worker(chaos)
     if found is None:
-        return False, "no run in progress to pause"
+        raise NothingToActOn("no run in progress to pause")
     run, worker = found
     pause = chaos.deployment.group.session_timeout_s + chaos.rng.uniform(2.0, 8.0)
     os.kill(worker.pid, signal.SIGSTOP)
@@ -406,7 +412,7 @@ def run_pause_zombie(chaos: Chaos) -> tuple[bool, str]:
     held = chaos.hold_one(accept=lambda h: sensor_of(h) in chaos.running_sensors())
     try:
         if held is None:
-            return False, "no run of a running member sensor reached the end of its function in time"
+            raise NothingToActOn("no run of a running member sensor reached the end of its function in time")
         sensor = sensor_of(held)
         state = chaos.state()
         shards = sorted({shard for shard, _, _ in held.ranges})
@@ -624,7 +630,7 @@ def launcher_outage(chaos: Chaos) -> tuple[bool, str]:
     with chaos.lock:
         chaos.refused.extend(refused)
     if not refused:
-        return False, f"no launch was attempted during {lasted:.0f} s of launcher outage"
+        raise NothingToActOn(f"no launch was attempted during {lasted:.0f} s of launcher outage")
     ranges = {(r.run_id, x.shard, x.start) for r in refused for x in r.ranges}
     deadline = time.monotonic() + RELAUNCH_WATCH_S
     while set(outcomes) < ranges and time.monotonic() < deadline:
@@ -863,10 +869,18 @@ ACTIONS: dict[str, Callable[[Chaos], tuple[bool, str]]] = {
 }
 
 
-def inject(chaos: Chaos, kind: str) -> None:
+def inject(chaos: Chaos, kind: str, final: bool = True) -> bool:
+    """Inject one fault; whether it is over (landed, missed or failed). A fault that found nothing to act on is
+    not over unless this is its ``final`` chance: the driver gives it another moment."""
     try:
         hit, detail = ACTIONS[kind](chaos)
+    except NothingToActOn as exc:
+        if not final:
+            chaos.log(f"fault {kind}: found nothing to act on ({exc}): rescheduled")
+            return False
+        hit, detail = False, f"nothing to act on at any of its moments: {exc}"
     except Exception as exc:
         chaos.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
         hit, detail = False, f"the action failed: {type(exc).__name__}: {exc}"
     chaos.note(kind, hit, detail)
+    return True

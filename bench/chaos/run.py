@@ -10,8 +10,11 @@
    main one and a small second one on a topic of its own (``SECOND_RECORDS`` records at the start and at the
    end, and a burst at each ``two_groups`` fault).
 2. ``--messages`` records arrive in ``--faults`` + 1 chunks; after each chunk but the last, one fault drawn
-   from ``faults.KINDS`` (seeded: every kind once, then at random) is injected. A sampler reads the committed
-   offsets of both groups from the group state and from Kafka's group offsets every second.
+   from ``faults.KINDS`` (seeded: every kind once, then at random) is injected. A fault that finds nothing to act
+   on (no run in flight, no launch) is tried again after the next chunk, then after a chunk of its own
+   (``bench.chaos.schedule``), and counts as missed only when none of its moments had anything for it. A
+   sampler reads the committed offsets of both groups from the group state and from Kafka's group offsets every
+   second.
 3. Once producing ended and every background fault is over (paused runs resumed, sensors started, poisoned
    shards parked, switched off and unparked), ``drain_s`` runs until the group states and Kafka's group offsets
    reach every partition's end, of both groups; then until every committed run's record is confirmed
@@ -57,6 +60,8 @@ from bench.chaos.check import (
 from bench.chaos.deployment import ChaosDeployment, GroupSettings
 from bench.chaos.faults import KINDS, Chaos
 from bench.chaos.producer import ChaosProducer
+from bench.chaos.schedule import inject_planned
+from bench.chaos.sinks import sink_verdict
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.devserver import wait_for
@@ -84,6 +89,8 @@ class ChaosOptions:
     """The groups' ``carry_on_s``: with it, runs carry on across waves while the faults land."""
     kinds: tuple[str, ...] = KINDS
     keep: bool = False
+    sinks: bool = False
+    """The main group's runs also commit into a Delta table and a Kafka topic, each counted (``bench.chaos.sinks``)."""
 
 
 class Sampler:
@@ -219,6 +226,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         max_records_per_run=options.max_records_per_run,
         max_attempts=3,
         carry_on_s=options.carry_on_s,
+        sinks=options.sinks,
     )
     deployment = ChaosDeployment(work, group)
     result: dict[str, Any] = {"messages": 0, "partitions": options.partitions, "seed": options.seed}
@@ -238,15 +246,14 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         kinds = faults.plan(options.faults, options.seed, options.kinds)
         sizes = chunk_sizes(options.messages, len(kinds) + 1)
         fault_budget = started + 0.55 * options.timeout_s
-        skipped: list[str] = []
-        for kind, size in zip(kinds, sizes, strict=False):
-            producer.chunk(size)
-            if time.monotonic() > fault_budget:
-                skipped.append(kind)
-                continue
-            time.sleep(chaos.rng.uniform(options.gap_min_s, options.gap_max_s))
-            faults.inject(chaos, kind)
-        producer.chunk(sizes[-1])
+        skipped = inject_planned(
+            kinds,
+            sizes,
+            produce=producer.chunk,
+            inject=lambda kind, final: faults.inject(chaos, kind, final),
+            wait=lambda: time.sleep(chaos.rng.uniform(options.gap_min_s, options.gap_max_s)),
+            in_time=lambda: time.monotonic() <= fault_budget,
+        )
         second.chunk(SECOND_RECORDS)
         produced_at = time.monotonic()
         print(f"produced {producer.acknowledged} records, {second.acknowledged} to the second group", flush=True)
@@ -335,6 +342,16 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
                 "elapsed_s": round(time.monotonic() - started, 1),
             }
         )
+        if options.sinks:
+            main_highs = {s: h for s, h in highs.items() if s in set(deployment.shards())}
+            result["sinks"] = sink_verdict(
+                deployment.records_dir,
+                deployment.broker.bootstrap,
+                deployment.sink_topic,
+                options.partitions,
+                main_highs,
+                letters,
+            )
         result["failures"] = failures(result)
         result["passed"] = not result["failures"]
         failed = not result["passed"]
@@ -487,6 +504,9 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
     parser.add_argument("--carry-on-s", type=float, default=0.0, help="the groups' carry_on_s (0: a run per wave)")
     parser.add_argument("--kinds", default=",".join(faults.KINDS), help="the fault kinds to draw from, comma-separated")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, records)")
+    parser.add_argument(
+        "--sinks", action="store_true", help="the runs also commit into a Delta table and a Kafka topic, each checked"
+    )
     args = parser.parse_args(argv)
     for name in ("messages", "partitions", "faults", "members", "max_records_per_run"):
         if getattr(args, name) < 1:
@@ -513,6 +533,7 @@ def parse(argv: list[str] | None = None) -> ChaosOptions:
         carry_on_s=args.carry_on_s,
         kinds=kinds,
         keep=args.keep,
+        sinks=args.sinks,
     )
 
 

@@ -42,6 +42,10 @@ class ChaosSettings(BaseModel):
     member sensors, which run beside the main group's through the whole chaos run."""
     second_group: str | None = None
     second_members: int = Field(default=2, ge=1)
+    sink_topic: str | None = None
+    """With it, the main group's runs also commit their records into the Delta table ``work_dir/sink-delta`` and
+    this Kafka topic (``dagster_streamgroup.sinks``), before their state commit; the check counts every record in
+    each."""
 
 
 def settings_from_env(env: dict[str, str] | None = None) -> ChaosSettings:

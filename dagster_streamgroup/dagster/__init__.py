@@ -6,6 +6,7 @@ from dagster_streamgroup.dagster.assets import (
     freshness_windows,
     range_of,
     ranges_of,
+    sink_replaces_by_coordinates,
     stream_asset,
     stream_freshness_policy,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "range_key",
     "range_of",
     "ranges_of",
+    "sink_replaces_by_coordinates",
     "stream_asset",
     "stream_definitions",
     "stream_freshness_policy",

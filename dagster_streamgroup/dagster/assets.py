@@ -42,12 +42,13 @@ from dagster_streamgroup.dagster.checks import (
 )
 from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
 from dagster_streamgroup.dagster.recorded import materialized_for
-from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
+from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, KafkaStreamGroup, StreamGroupResource
 from dagster_streamgroup.dagster.typed import RunDecoding, run_decoding
 from dagster_streamgroup.formats.spark import DecodedRecords, DecodeOutcome, DecodeParkError, registry_unavailable
 from dagster_streamgroup.member import ContentionError, DeadRecords, GroupMember
 from dagster_streamgroup.protocol import DeadRecord, GroupState, Launch, RangeReport, report_of
 from dagster_streamgroup.protocol.completion import FailOutcome
+from dagster_streamgroup.sinks.base import RangeSink, SinkRun
 from dagster_streamgroup.streams.base import StreamError, Watermarks
 
 PARENT_RUN_ID_TAG = "dagster/parent_run_id"
@@ -58,9 +59,16 @@ if TYPE_CHECKING:
 
     from dagster_streamgroup.formats.config import ReaderSpec
 
-StreamFn = Callable[[dg.AssetExecutionContext, "DataFrame"], Mapping[str, Any] | None]
+StreamFn = Callable[[dg.AssetExecutionContext, "DataFrame"], "Mapping[str, Any] | DataFrame | None"]
 """The user's function: processes a run's DataFrame (every range of the run) idempotently per range, may
-return extra metadata, which each range's materialization carries."""
+return extra metadata, which each range's materialization carries; with a declared sink, returns the rows the
+sink commits (a DataFrame) instead."""
+
+TAG_SINK = sgt.PREFIX + "sink"
+"""Asset metadata: the declared sink's kind (``delta``, ``kafka``, ``parquet_ranges``)."""
+TAG_REPLACES_BY_COORDINATES = sgt.PREFIX + "replaces_by_coordinates"
+"""Asset metadata: whether the declared sink replaces rows by their source coordinates, so that a backfill of
+any range, aligned with the committed ranges or not, replaces exactly its records' rows."""
 
 MAX_REASON = 2000
 
@@ -177,6 +185,7 @@ def stream_asset(
     freshness_policy: dg.FreshnessPolicy | None = None,
     value_schema: "ReaderSpec | None" = None,
     key_schema: "ReaderSpec | None" = None,
+    sink: RangeSink | None = None,
     **asset_kwargs: Any,
 ) -> Callable[[StreamFn], dg.AssetsDefinition]:
     """Turn ``fn(context, df) -> metadata | None`` into the stream asset of consumer group ``group``.
@@ -189,6 +198,10 @@ def stream_asset(
     ``value_schema`` / ``key_schema`` (typed records, the resource's ``value_format``): the reader schema the
     DataFrame's ``value`` / ``key`` columns take for the whole run, ``latest`` (the subject's latest version at the
     run's start, the default), a version number, or a schema (Avro or JSON Schema, as JSON text or a dict).
+    ``sink``: where the run's rows go (``dagster_streamgroup.sinks``: a Delta table, a Kafka topic, Parquet range
+    folders); the function then returns its rows as a DataFrame, which the run commits into the sink before it
+    commits its ranges into the group state. The asset's metadata names the sink's kind and whether it replaces
+    rows by their source coordinates (``sink_replaces_by_coordinates``).
     Other keywords describe the asset (``owners``, ``tags``, ``code_version``, ``deps``, ``automation_condition``)
     or its op (``op_tags``, ``retry_policy``, ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them."""
 
@@ -214,6 +227,7 @@ def stream_asset(
                         sgt.TAG_GROUP: group,
                         sgt.PREFIX + "resource_key": resource_key,
                         sgt.PREFIX + "spark_resource_key": spark_resource_key,
+                        **_sink_metadata(sink),
                     },
                     description=description or fn.__doc__ or f"Offset ranges of consumer group {group!r}.",
                     group_name=group_name,
@@ -235,7 +249,7 @@ def stream_asset(
                 raise dg.Failure(f"resource {resource_key!r} is group {resource.group!r}, the asset needs {group!r}")
             spark_resource = getattr(context.resources, spark_resource_key)
             decoding = run_decoding(resource, value_schema, key_schema)
-            yield from run_ranges(context, config, resource, spark_resource, fn, asset_key, decoding)
+            yield from run_ranges(context, config, resource, spark_resource, fn, asset_key, decoding, sink)
 
         assert isinstance(_stream_asset, dg.AssetsDefinition)
         return _stream_asset
@@ -269,6 +283,7 @@ def run_ranges(
     fn: StreamFn,
     asset_key: dg.AssetKey,
     decoding: RunDecoding | None = None,
+    sink: RangeSink | None = None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
     ranges = run_ranges_of(context)
     reports = sgt.member_reports(config, resource.group, context.run.tags)
@@ -288,7 +303,9 @@ def run_ranges(
     wave = 0
 
     def process(ranges: list[sgt.RangeSpec], reports: list[RangeReport] | None) -> _ProcessedWave:
-        return _process(context, resource, spark_resource, fn, asset_key, ranges, reports, member, decoding)
+        return _process(
+            context, resource, spark_resource, fn, asset_key, ranges, reports, member, decoding, sink, config
+        )
 
     def carry_on(launches: Sequence[Launch]) -> tuple[list[sgt.RangeSpec], list[RangeReport]]:
         nonlocal wave
@@ -394,11 +411,15 @@ def _process(
     reports: list[RangeReport] | None,
     member: GroupMember | None,
     decoding: RunDecoding | None = None,
+    sink: RangeSink | None = None,
+    config: sgt.StreamRunConfig | None = None,
 ) -> _ProcessedWave:
-    """A wave's Spark work: read its ranges, call the stream function, count the records. On failure the ranges
-    are reported failed (retried by the group) before the error is raised: a registry that could not be asked
-    retries them with their bounds without counting an attempt, records that a retry would meet again (a writer
-    schema the reader cannot resolve, a bad record under ``on_decode_error: fail``) park their range at once."""
+    """A wave's Spark work: read its ranges, call the stream function, commit its rows into the declared sink,
+    count the records. On failure the ranges are reported failed (retried by the group) before the error is
+    raised, so a sink commit is always followed by the state commit or by a retry of the same ranges: a registry
+    that could not be asked retries them with their bounds without counting an attempt, records that a retry
+    would meet again (a writer schema the reader cannot resolve, a bad record under ``on_decode_error: fail``)
+    park their range at once."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
@@ -409,9 +430,10 @@ def _process(
         observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges}, decoding)
         token = _WAVE.set(list(ranges))
         try:
-            extra = dict(fn(context, observed.df) or {})
+            out = fn(context, observed.df)
         finally:
             _WAVE.reset(token)
+        extra = _sink_output(context, resource, sink, out, ranges, config)
         process_s = time.monotonic() - t1
         records = observed.counts()
         decode = observed.settle() if isinstance(observed, DecodedRecords) else None
@@ -624,6 +646,60 @@ def _wait_for_a_wave(
         ):
             return []
     return []
+
+
+def _sink_metadata(sink: RangeSink | None) -> dict[str, Any]:
+    if sink is None:
+        return {}
+    return {
+        TAG_SINK: str(getattr(sink, "kind", type(sink).__name__)),
+        TAG_REPLACES_BY_COORDINATES: sink.replaces_by_coordinates,
+    }
+
+
+def sink_replaces_by_coordinates(asset: dg.AssetsDefinition) -> bool:
+    """Whether the stream asset declares a sink that replaces rows by their source coordinates (a Delta table):
+    a backfill of any offsets then replaces exactly their rows, so it need not align with the committed ranges,
+    and may run ahead of the group."""
+    return any(meta.get(TAG_REPLACES_BY_COORDINATES) is True for meta in asset.metadata_by_key.values())
+
+
+def _sink_output(
+    context: dg.AssetExecutionContext,
+    resource: StreamGroupResource,
+    sink: RangeSink | None,
+    out: Any,
+    ranges: Sequence[sgt.RangeSpec],
+    config: sgt.StreamRunConfig | None,
+) -> Mapping[str, Any]:
+    """The stream function's metadata: what it returned, or, with a declared sink, what the sink's commit of the
+    rows it returned reports."""
+    if sink is None:
+        if out is None or isinstance(out, Mapping):
+            return out or {}
+        raise dg.Failure(
+            description=f"the stream function returned a {type(out).__name__}, and the asset declares no sink to "
+            "write it to: return metadata (a dict), or declare stream_asset(..., sink=...)"
+        )
+    if out is None or isinstance(out, Mapping):
+        raise dg.Failure(
+            description=f"the asset declares a {getattr(sink, 'kind', 'sink')} sink ({sink.target()}), and the stream "
+            "function returned no rows for it: return the DataFrame to write (its rows keep their source columns)"
+        )
+    run = SinkRun(
+        group=resource.group,
+        member=config.member if config is not None else None,
+        run_key=config.run_key if config is not None else None,
+        kafka_client=resource.stream_config().client_config if isinstance(resource, KafkaStreamGroup) else None,
+    )
+    result = sink.write(out, ranges, run)
+    context.log.info(
+        f"{sink.target()}: {'' if result.rows is None else f'{result.rows} row(s) of '}{result.ranges} range(s) "
+        f"committed in {result.seconds:.2f} s"
+        + (f", {result.skipped_ranges} range(s) found written already" if result.skipped_ranges else "")
+        + (f", {result.conflicts} conflict(s) retried" if result.conflicts else "")
+    )
+    return result.metadata()
 
 
 def _checked_metadata(asset_key: dg.AssetKey, extra: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:

@@ -46,6 +46,7 @@ from dagster_streamgroup.dagster.resources import (
 from dagster_streamgroup.dagster.sensors import check_tick_interval, member_sensors
 from dagster_streamgroup.dagster.spark_session import StreamSparkResource
 from dagster_streamgroup.redact import read
+from dagster_streamgroup.sinks import RangeSink, Sink
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig
 
@@ -234,6 +235,8 @@ def located_error(
     name: str | None,
     message: str,
     attributes: ResourceAttributes | None = None,
+    *,
+    quote: bool = True,
 ) -> ComponentConfigError:
     """An error that names the YAML attribute and, loaded from a file, its file and line. The YAML around a
     secret field is not quoted: its line may hold the value being refused."""
@@ -245,7 +248,7 @@ def located_error(
         return ComponentConfigError(text)
     position, _ = tree.lookup_closest_and_path(keys, trace=None)
     text = f"{position.filename}:{position.start.line} - {text}"
-    if attributes is not None and name in attributes.unquoted_fields:
+    if not quote or (attributes is not None and name in attributes.unquoted_fields):
         return ComponentConfigError(text)
     snippet = tree.source_error(yaml_path=keys, inline_error_message=message, value_error=True).snippet
     return ComponentConfigError(f"{text}\n{snippet}" if snippet else text)
@@ -353,6 +356,8 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
     resource_key: str | None = None
     spark_resource_key: str | None = None
     in_process_executor: bool = True
+    sink: RangeSink | None = None
+    """Where the function's rows go (``stream_asset(sink=...)``); the function then returns its DataFrame."""
 
     resource_type: ClassVar[type[StreamGroupResource]] = StreamGroupResource
     attributes: ClassVar[ResourceAttributes]
@@ -417,6 +422,7 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
         asset = attrs["asset"]
         assert isinstance(asset, StreamAssetAttributes)
         members = scalar("members", Annotated[int, Field(ge=1)])
+        sink = _resolve_sink(context, attrs["sink"])
         try:
             return cls(
                 function=function,
@@ -430,6 +436,7 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
                 resource_key=attrs["resource_key"],
                 spark_resource_key=attrs["spark_resource_key"],
                 in_process_executor=scalar("in_process_executor", bool),
+                sink=sink,
             )
         except (TypeError, ValueError) as exc:
             raise located_error(context, (), None, str(exc)) from None
@@ -467,6 +474,7 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
             tags=self.asset.tags,
             value_schema=self.asset.value_schema,
             key_schema=self.asset.key_schema,
+            sink=self.sink,
         )(self.function)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
@@ -489,7 +497,21 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
 
 
 _COMPONENT_FIELDS = ("function", "members", "default_status", "asset", "freshness", "freshness_margin_s",
-                     "resource_key", "spark_resource_key", "in_process_executor", "spark")  # fmt: skip
+                     "resource_key", "spark_resource_key", "in_process_executor", "spark", "sink")  # fmt: skip
+
+
+def _resolve_sink(context: dg.ResolutionContext, given: Mapping[str, Any] | None) -> RangeSink | None:
+    """The ``sink:`` attribute with its ``{{ }}`` templates rendered, checked as the sink its ``kind`` names."""
+    if given is None:
+        return None
+    raw = context.at_path("sink").resolve_value(dict(given))
+    try:
+        sink = TypeAdapter(Sink).validate_python(raw)
+    except ValidationError as exc:
+        # Unquoted: the refused value may be a secret (a producer property, a storage option).
+        raise located_error(context, ("sink",), None, describe_validation_error(exc), quote=False) from None
+    assert isinstance(sink, RangeSink)
+    return sink
 
 
 @cache
@@ -555,6 +577,18 @@ def _component_model(cls: type[StreamGroupComponent]) -> type[BaseModel]:
             ),
         ),
         "spark": (_spark_model(), Field(default_factory=_spark_model())),
+        # A mapping checked by _resolve_sink, not the sinks' own models: Dagster's error for a refused YAML value
+        # quotes it, and a sink's refused property may be a secret; ours names the attribute and its line only.
+        "sink": (
+            dict[str, Any] | None,
+            Field(
+                default=None,
+                description="Where the function's rows go, committed before the run's ranges: kind: delta (table, "
+                "partition_by, ...), kafka (topic, ...) or parquet_ranges (path). The function then returns its rows "
+                "as a DataFrame, keeping their source columns (topic, partition, offset; v3io: shard, "
+                "sequence_number). See docs/outputs.md.",
+            ),
+        ),
     }
     assert tuple(own) == _COMPONENT_FIELDS
     model: type[BaseModel] = create_model(
@@ -693,6 +727,12 @@ class StreamGroupScaffolder(dg.Scaffolder[ScaffoldParams]):
             "  # The Spark resource of the runs: a master, or remote: sc://HOST:15002 (Spark Connect).",
             "  spark:",
             "    master: local[*]",
+            "  # Where the function's rows go, each run's replacing exactly its ranges' rows (docs/outputs.md); the",
+            "  # function then returns its DataFrame:",
+            "  # sink:",
+            "  #   kind: delta",
+            f"  #   table: output/{name}",
+            "  #   partition_by: [day]",
         ]
         return "\n".join(lines) + "\n"
 

@@ -8,9 +8,10 @@ second group). Every planned fault must land, without an error of the driver. Wh
 Dagster's materializations and runs and the sampled offsets must show, for both groups, nothing lost, nothing
 committed twice, overlapping or unread, no offset going back, no park without poison or for a refused launch, no
 committed run left unconfirmed, the zombie's commit refused, and Kafka's group offsets never behind the state's
-for longer than their bound plus its margin.
+for longer than their bound plus its margin. The main group's runs also commit their records into a Delta table
+and a Kafka topic (``--sinks``), before their state commit: each must hold every record once.
 
-``python -m bench.chaos`` is the long setting (1,000,000 records, 16 partitions, 30 faults)."""
+``python -m bench.chaos --sinks`` is the long setting (1,000,000 records, 16 partitions, 30 faults)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from tests.fixtures.required import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.timeout(1500)]
 
-SHORT = ChaosOptions(messages=50_000, partitions=8, faults=12, seed=70, timeout_s=1000.0, max_records_per_run=50_000)
+SHORT = ChaosOptions(
+    messages=50_000, partitions=8, faults=12, seed=70, timeout_s=1000.0, max_records_per_run=50_000, sinks=True
+)
 """Seed 70 draws 12 of the 16 kinds, among them every one named below."""
 
 
@@ -75,6 +78,10 @@ def test_chaos_short_setting_loses_nothing_and_commits_nothing_twice() -> None:
         assert all(z["status"] == "FAILURE" and z["cause"] == "commit_refused" for z in result["zombies"]), result
     if result["faults"].get("run_kill_after_commit"):  # committed, killed before Dagster recorded it: repaired
         assert result["repaired_materializations"] >= 1
+    for sink in ("delta", "kafka"):  # the runs' records in the Delta table and the output topic: each once
+        found = result["sinks"][sink]
+        assert (found["lost"], found["doubled"], found["extra"]) == (0, 0, 0), (sink, found)
+        assert found["entries"] == found["records"] > 0, (sink, found)
     if result["faults"].get("poison"):  # retried, parked, then resumed by `streamgroup unpark` and committed
         assert result["parked_resolved"] >= 1  # a producer retry after a broker restart may repeat one
         assert result["parks"] >= 1

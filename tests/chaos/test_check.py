@@ -3,6 +3,7 @@ evidence gives zeros (so the zeros of a real chaos run mean something). Pure: no
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from bench.chaos.faults import KINDS, ONCE, plan
 from bench.chaos.launcher import refused_launch
 from bench.chaos.run import committed_of, failure_cause, failure_causes, zombie_outcomes
 from bench.chaos.settings import settings_from_env
+from bench.chaos.sinks import counts as sink_counts
 from dagster_streamgroup.dagster import tags as sgt
 
 SHARD = "t:0"
@@ -242,6 +244,9 @@ def test_a_clean_run_has_no_failures() -> None:
         ({"error": "RuntimeError: the deployment did not start"}, "the run broke"),
         ({"unrecorded_runs_left": 2}, "unrecorded_runs_left: 2"),
         ({"refused_launch_parks": 1}, "refused_launch_parks: 1"),
+        ({"sinks": {"delta": {"lost": 0, "doubled": 2, "extra": 0}}}, "sink delta doubled: 2"),
+        ({"sinks": {"kafka": {"lost": 1, "doubled": 0, "extra": 0}}}, "sink kafka lost: 1"),
+        ({"sinks": {"kafka": {"lost": 0, "doubled": 0, "extra": 4}}}, "sink kafka extra: 4"),
     ],
 )
 def test_each_failure_of_a_run_is_reported(change: dict[str, Any], reason: str) -> None:
@@ -377,3 +382,14 @@ def test_a_refused_launch_is_logged_with_the_ranges_and_attempts_its_run_config_
         ("t:1", 0, 4, 0, 0),
     ]
     assert refused_launch("b", {}, {}).ranges == ()  # a backfill or another job: no member ranges
+
+
+def test_sink_counts_tell_lost_doubled_and_extra_records_apart() -> None:
+    """The chaos run's count of each sink (``bench.chaos.sinks``): every record of [0, high) once, dead-lettered
+    ranges left out."""
+    found = Counter({("t:0", 0): 1, ("t:0", 1): 2, ("t:0", 3): 1, ("t:1", 0): 1, ("t:9", 0): 1, ("t:1", 5): 1})
+    got = sink_counts(found, {"t:0": 4, "t:1": 6}, [("t:1", 1, 6)])
+    # lost t:0:2, doubled t:0:1, extra t:9:0; t:1:5 is in the dead-lettered range: not counted either way
+    assert got == {"records": 5, "entries": 6, "lost": 1, "doubled": 1, "extra": 1}
+    assert sink_counts(Counter({("t:0", o): 1 for o in range(4)}), {"t:0": 4}, [])["lost"] == 0
+    assert failures({**clean_result(), "sinks": {"delta": sink_counts(found, {"t:0": 4}, [])}})

@@ -27,6 +27,7 @@ from dagster_streamgroup.dagster import (
     V3ioStreamGroup,
     V3ioStreamGroupComponent,
     freshness_windows,
+    sink_replaces_by_coordinates,
     stream_asset,
     stream_definitions,
     stream_freshness_policy,
@@ -41,11 +42,12 @@ from dagster_streamgroup.dagster.component import (
     StreamGroupComponent,
 )
 from dagster_streamgroup.dagster.devserver import ROOT
+from dagster_streamgroup.sinks import DeltaSink
 from tests.secrets.leaks import Evidence, find_secrets
 
 COMPONENT_ATTRIBUTES = {
     "function", "members", "default_status", "asset", "freshness", "freshness_margin_s", "resource_key",
-    "spark_resource_key", "in_process_executor", "spark",
+    "spark_resource_key", "in_process_executor", "spark", "sink",
 }  # fmt: skip
 KAFKA_TYPE = "dagster_streamgroup.KafkaStreamGroupComponent"
 V3IO_TYPE = "dagster_streamgroup.V3ioStreamGroupComponent"
@@ -480,3 +482,50 @@ def test_a_dg_project_gets_the_instance_settings_once(tmp_path: Path, monkeypatc
     (home / "dagster.yaml").write_text(INSTANCE_YAML)
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # dg dev then reads $DAGSTER_HOME's file, not the project's
     assert f"{home / 'dagster.yaml'} has the stream runs' instance settings." in "\n".join(project_setup(root))
+
+
+def test_a_sink_in_yaml_is_the_assets_declared_sink(
+    sandbox: DefsFolderSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sink:`` takes any sink by its kind, with templates rendered; a refused setting names its YAML line."""
+    monkeypatch.setenv("CLICKS_TABLE", "/data/clicks")
+    delta = "sink:\n  kind: delta\n  table: '{{ env.CLICKS_TABLE }}'\n  partition_by: [day]\n"
+    component, defs = load(sandbox, write_component(sandbox, "clicks", KAFKA + delta))
+    assert component.sink == DeltaSink(table="/data/clicks", partition_by=["day"]), component.sink
+    asset = defs.get_assets_def("process")
+    assert sink_replaces_by_coordinates(asset)
+    kafka = "sink:\n  kind: kafka\n  topic: views\n  producer_properties:\n    acks: 1\n    sasl.password: hunter2\n"
+    error = load_error(sandbox, write_component(sandbox, "views", KAFKA + kafka))
+    assert re.search(r"defs.yaml:\d+ - attributes\.sink: .*breaks exactly once|holds a secret", error), error
+    assert "hunter2" not in error
+    unknown = "sink:\n  kind: iceberg\n  table: t\n"
+    error = load_error(sandbox, write_component(sandbox, "other", KAFKA + unknown))
+    assert "'iceberg' found using 'kind' does not match any of the expected tags: 'delta', 'kafka'" in error
+
+
+def test_the_outputs_docs_yaml_loads(sandbox: DefsFolderSandbox) -> None:
+    """docs/outputs.md's ``sink:`` example, as written there, with its function beside it."""
+    doc = (ROOT / "docs" / "outputs.md").read_text()
+    found = re.search(r"```yaml\n(attributes:\n.*?)```", doc, re.S)
+    assert found is not None
+    folder = sandbox.defs_folder_path / "clicks"
+    folder.mkdir()
+    (folder / "defs.yaml").write_text(f"type: {KAFKA_TYPE}\n\n{found.group(1)}")
+    (folder / "stream.py").write_text("def clicks(context, df):\n    return df\n")
+    component, defs = load(sandbox, folder)
+    assert isinstance(component.sink, DeltaSink) and component.sink.partition_by == ["day"]
+    assert component.sink.configuration == {"delta.enableChangeDataFeed": "true"}
+    assert sink_replaces_by_coordinates(defs.get_assets_def("clicks"))
+
+
+def test_the_outputs_docs_python_declares_its_sinks() -> None:
+    """docs/outputs.md's Python, as written there: the one call, and the sinks declared on stream assets."""
+    doc = (ROOT / "docs" / "outputs.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
+    assert len(blocks) == 2
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/outputs.md", "exec"), namespace)
+    clicks, enriched = namespace["clicks"], namespace["enriched"]
+    assert isinstance(clicks, dg.AssetsDefinition) and isinstance(enriched, dg.AssetsDefinition)
+    assert sink_replaces_by_coordinates(clicks) and not sink_replaces_by_coordinates(enriched)

@@ -33,6 +33,9 @@ from tests.e2e.dagster_dev import ROOT, DagsterDev, Layout, wait_for
 from tests.fixtures.v3io import unique_v3io_name
 
 ASSET = "page_views_per_minute"
+"""The stream asset with the example's Parquet sink (``CLICKSTREAM_SINK=parquet``, the settings' default)."""
+DELTA_ASSET = "clicks"
+"""The stream asset with its Delta sink (``CLICKSTREAM_SINK=delta``); ``page_views_per_minute`` is downstream."""
 V3IO_CONTAINER = "bigdata"
 
 MARGIN_TICKS = 3
@@ -216,6 +219,60 @@ def ended_runs(dev: DagsterDev, timeout_s: float = 180.0) -> list[dict[str, Any]
     return wait_for("every run to end", ended, timeout_s, 2.0)
 
 
+def stream_asset_of(env: dict[str, str]) -> str:
+    return DELTA_ASSET if env.get("CLICKSTREAM_SINK") == "delta" else ASSET
+
+
+def assert_table_counts(clicks: Path, materializations: list[dict[str, Any]]) -> None:
+    """The Delta sink's table, not our metadata: each committed range's records have one row each, and the table
+    holds no other row (the records of the example's producer are contiguous: no transaction markers)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(clicks)).to_pyarrow_table().select(["topic", "partition", "offset"]).to_pydict()
+    rows = Counter(zip(table["topic"], table["partition"], table["offset"], strict=True))
+    doubled = [(k, n) for k, n in rows.items() if n > 1]
+    assert not doubled, f"records with several rows in {clicks}: {doubled[:10]}"
+    expected = set()
+    for m in materializations:
+        topic, _, partition = m["shard"].rpartition(":")
+        expected |= {(topic, int(partition), o) for o in range(m["start"], m["end"])}
+    missing, extra = expected - set(rows), set(rows) - expected
+    assert not missing and not extra, (
+        f"{clicks}: {len(missing)} committed records without a row, {len(extra)} rows of none"
+    )
+
+
+def assert_output(output: Path, env: dict[str, str], materializations: list[dict[str, Any]]) -> None:
+    if env.get("CLICKSTREAM_SINK") == "delta":
+        assert_table_counts(output / "clicks", [m for m in materializations if not m.get("backfill")])
+    else:
+        assert_output_counts(output, materializations)
+
+
+def assert_views_follow_the_clicks(output: Path, timeout_s: float) -> None:
+    """The downstream page views (run by Dagster's automation as clicks land) reach the clicks table's latest
+    version, and are then a recount of its rows."""
+    from deltalake import DeltaTable
+
+    from jobs import page_views
+
+    clicks, views = output / "clicks", output / "page_views_per_minute"
+    version = DeltaTable(str(clicks)).version()
+    wait_for(
+        f"page views to reflect clicks version {version}",
+        lambda: (page_views.reflected_version(views) or -1) >= version or None,
+        timeout_s,
+        2.0,
+    )
+    rows = DeltaTable(str(clicks)).to_pyarrow_table().select(["page", "minute", "user"]).to_pylist()
+    counted: Counter[tuple[str, Any]] = Counter()
+    users: defaultdict[tuple[str, Any], set[str]] = defaultdict(set)
+    for r in rows:
+        counted[(r["page"], r["minute"])] += 1
+        users[(r["page"], r["minute"])].add(r["user"])
+    assert page_views.views_by_minute(views) == {k: (n, len(users[k])) for k, n in counted.items()}
+
+
 def assert_runs_succeeded(dev: DagsterDev, allowed_failures: Collection[str] = frozenset()) -> list[dict[str, Any]]:
     runs = ended_runs(dev)
     bad = [(r["runId"], r["status"]) for r in runs if r["status"] != "SUCCESS" and r["runId"] not in allowed_failures]
@@ -283,6 +340,7 @@ def run_example_scenario(
         "CLICKSTREAM_SPARK_MASTER": "local[1]",
         **(extra_env or {}),
     }
+    asset = stream_asset_of(env)
     log = work_dir / "dagster-dev.log"
     dev = DagsterDev(home, env, log, layout=layout)
     started = time.monotonic()
@@ -296,11 +354,14 @@ def run_example_scenario(
         assert_all_produced(stream, marks)
         runs = assert_runs_succeeded(dev)
         sensors = {f"{group}_member_{i}" for i in range(members)}
-        assert {sensor_of(r["tags"].get("streamgroup/member", "")) for r in runs} <= sensors
-        materialized = dev.materializations(ASSET)
+        members_of_runs = {
+            sensor_of(r["tags"]["streamgroup/member"]) for r in runs if "streamgroup/member" in r["tags"]
+        }
+        assert members_of_runs <= sensors
+        materialized = dev.materializations(asset)
         assert_exactly_once(materialized, marks)
         assert_one_partition_per_shard(materialized, marks)
-        assert_output_counts(output, materialized)
+        assert_output(output, env, materialized)
         print(f"{len(runs)} runs for the backlog", flush=True)
 
         # 2. A member sensor is stopped: it leaves, its shards are re-owned, progress resumes.
@@ -338,11 +399,11 @@ def run_example_scenario(
             # range-keyed output is replaced: no folder is added.
             committed = [
                 (m["start"], m["end"])
-                for m in dev.materializations(ASSET)
+                for m in dev.materializations(asset)
                 if m["partition"] == shard and not m.get("backfill")
             ]
             expected = aligned_ranges(first, first + 1000, committed, 500)
-            folders_before = {p.name for p in output.iterdir()}
+            folders_before = {p.name for p in output.iterdir()}  # Parquet: one folder per range
             command = [str(ROOT / ".venv/bin/streamgroup"), "backfill", "--group", group, "--shard", shard]
             cli = subprocess.run(
                 [*command, "--from", str(first), "--to", str(first + 1000), "--chunk", "500", "--dagster-url", dev.url],
@@ -366,12 +427,12 @@ def run_example_scenario(
             backfill_runs = wait_for("the CLI backfill", backfill_done, drain_timeout_s, 2.0)
             assert {r["status"] for r in backfill_runs} == {"SUCCESS"}
             assert {r["tags"]["streamgroup/shard"] for r in backfill_runs} == {shard}
-            backfilled = [m for m in dev.materializations(ASSET) if m.get("backfill")]
+            backfilled = [m for m in dev.materializations(asset) if m.get("backfill")]
             assert {m["partition"] for m in backfilled} == {shard}
             assert sorted((m["start"], m["end"]) for m in backfilled) == expected
             assert all(m["records"] == m["end"] - m["start"] for m in backfilled)
-            assert_output_counts(output, backfilled)
-            if all(r in committed for r in expected):
+            assert_output(output, env, backfilled if env.get("CLICKSTREAM_SINK") != "delta" else materialized)
+            if env.get("CLICKSTREAM_SINK") != "delta" and all(r in committed for r in expected):
                 assert {p.name for p in output.iterdir()} == folders_before, "a backfill replaces, adds no folder"
             assert committed_at_high(resource) == marks  # offsets did not move
 
@@ -404,10 +465,12 @@ def run_example_scenario(
         print(f"runs: {len(runs)} ({len(before_kill)} before the kill); not successful: {failed}")
         print(f"{stream.written} records in {time.monotonic() - started:.0f} s", flush=True)
         assert not failed
-        materialized = dev.materializations(ASSET)
+        materialized = dev.materializations(asset)
         assert_exactly_once(materialized, marks)
         assert_one_partition_per_shard(materialized, marks)
-        assert_output_counts(output, materialized)
+        assert_output(output, env, materialized)
+        if env.get("CLICKSTREAM_SINK") == "delta":
+            assert_views_follow_the_clicks(output, timeout_s=180.0)
     finally:
         dev.stop()
     assert_secret_absent(stream.secret, [home, log], runs)
