@@ -571,6 +571,7 @@ def _wait_for_a_wave(
             and shard.owner == member.member_id
             and shard.inflight is None
             and shard.parked is None
+            and shard.lease is None
             for s in shards
         ):
             return []

@@ -31,6 +31,14 @@ from dagster_streamgroup.protocol.completion import (
     touch,
     unpark,
 )
+from dagster_streamgroup.protocol.lease import (
+    LeaseOutcome,
+    LeaseStatus,
+    expire_leases,
+    release_lease,
+    request_lease,
+    touch_lease,
+)
 from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat, leave
 from dagster_streamgroup.protocol.planning import (
     Launch,
@@ -52,6 +60,7 @@ from dagster_streamgroup.protocol.state import (
     GroupEvent,
     GroupState,
     InFlight,
+    Lease,
     Member,
     Parked,
     ShardState,
@@ -70,6 +79,9 @@ __all__ = [
     "GroupState",
     "InFlight",
     "Launch",
+    "Lease",
+    "LeaseOutcome",
+    "LeaseStatus",
     "Member",
     "NewerSchemaError",
     "Parked",
@@ -93,6 +105,7 @@ __all__ = [
     "encode_state",
     "evict_stale",
     "expire_drains",
+    "expire_leases",
     "fail",
     "fail_run",
     "heartbeat",
@@ -109,7 +122,9 @@ __all__ = [
     "quotas",
     "rebalance",
     "relaunch_key",
+    "release_lease",
     "report_of",
+    "request_lease",
     "resolve_dead_letters",
     "run_key",
     "runs_of",
@@ -118,6 +133,7 @@ __all__ = [
     "split_budget",
     "sync_shards",
     "touch",
+    "touch_lease",
     "unpark",
     "waiting_behind_inflight",
 ]
