@@ -163,9 +163,9 @@ def test_a_backfill_and_the_group_never_hold_one_shard_at_once(steps: list[tuple
             world.state = protocol.release_lease(world.state, world.held.pop(holder), holder)
         elif kind == "pause":
             world.now += float(step[1])  # type: ignore[arg-type]
-        for sid, shard in world.state.shards.items():
-            if shard.lease is not None and shard.lease.granted_at is not None:
-                assert shard.inflight is None, f"{sid}: a granted lease beside a range in flight"
+        for sid, held_shard in world.state.shards.items():
+            if held_shard.lease is not None and held_shard.lease.granted_at is not None:
+                assert held_shard.inflight is None, f"{sid}: a granted lease beside a range in flight"
     # Every backfill released: the group plans every shard again.
     for holder, shard in list(world.held.items()):
         world.state = protocol.release_lease(world.state, shard, holder)
