@@ -2,6 +2,7 @@
 
 from dagster_streamgroup.dagster.assets import (
     CommitRefusedError,
+    backfill_asset_of,
     StreamRange,
     freshness_windows,
     range_of,
@@ -40,6 +41,7 @@ __all__ = [
     "StreamSparkResource",
     "V3ioStreamGroup",
     "V3ioStreamGroupComponent",
+    "backfill_asset_of",
     "freshness_windows",
     "member_sensor_names",
     "member_sensors",

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextvars import ContextVar, copy_context
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.backfill import backfill_key, run_backfill
 from dagster_streamgroup.dagster.checks import (
     LAG_CHECK,
     PARKED_CHECK,
@@ -41,6 +43,7 @@ from dagster_streamgroup.dagster.checks import (
     parked_check_result,
 )
 from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
+from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.recorded import materialized_for
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, StreamGroupResource
 from dagster_streamgroup.member import ContentionError, GroupMember
@@ -123,6 +126,19 @@ def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
 
 _SPEC_FIELDS = frozenset(("deps", "code_version", "automation_condition", "owners", "tags"))
 """``stream_asset`` keywords that describe the asset (its ``AssetSpec``); the others go to ``dg.multi_asset``."""
+_BACKFILL_SPEC_FIELDS = frozenset(("code_version", "owners", "tags"))
+"""... and those its backfill asset shares."""
+
+_BACKFILL_ASSETS: weakref.WeakKeyDictionary[object, dg.AssetsDefinition] = weakref.WeakKeyDictionary()
+"""The backfill asset of each stream asset, by the stream asset's op (which copies of its definition share)."""
+
+
+def backfill_asset_of(asset: dg.AssetsDefinition) -> dg.AssetsDefinition | None:
+    """The backfill asset ``stream_asset`` built beside ``asset`` (``<name>_backfill``): its runs re-process ranges
+    without moving the stream asset's latest materialization, lag or freshness (``dagster/backfill.py``). The member
+    sensors target it with the stream asset, so a code location with the sensors has it."""
+    return _BACKFILL_ASSETS.get(asset.node_def)
+
 
 FRESHNESS_MARGIN_S = 60.0
 """What a run takes beyond the group's own waits (queueing, a process, a Spark session, the read, the commit)."""
@@ -170,6 +186,7 @@ def stream_asset(
     group_name: str | None = None,
     kinds: set[str] | None = None,
     freshness_policy: dg.FreshnessPolicy | None = None,
+    replaces_by_coordinates: bool = False,
     **asset_kwargs: Any,
 ) -> Callable[[StreamFn], dg.AssetsDefinition]:
     """Turn ``fn(context, df) -> metadata | None`` into the stream asset of consumer group ``group``.
@@ -179,8 +196,15 @@ def stream_asset(
     ``StreamGroupResource`` (e.g. ``KafkaStreamGroup``) whose ``group`` is ``group``; ``spark_resource_key`` a
     dagster-pyspark resource (``StreamSparkResource``). ``freshness_policy``: none by default (an idle stream
     would go stale); ``stream_freshness_policy(group_resource)`` derives one from the group's latency settings.
-    Other keywords describe the asset (``owners``, ``tags``, ``code_version``, ``deps``, ``automation_condition``)
-    or its op (``op_tags``, ``retry_policy``, ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them."""
+    ``replaces_by_coordinates``: the function's sink replaces rows by their source coordinates (shard and offset,
+    as a table merged on them does), so a backfill of any bounds replaces exactly its records: backfills then cut
+    their range in pieces instead of following the committed ranges, and may reach past the group's committed
+    offset (a sink keyed by range, as the example's folders are, needs neither: the default). Other keywords
+    describe the asset (``owners``, ``tags``, ``code_version``, ``deps``, ``automation_condition``) or its op
+    (``op_tags``, ``retry_policy``, ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them.
+
+    Beside it, ``<name>_backfill`` (``backfill_asset_of``) re-processes ranges for backfills, with the same
+    function."""
 
     def decorate(fn: StreamFn) -> dg.AssetsDefinition:
         asset_name = name or fn.__name__
@@ -204,6 +228,7 @@ def stream_asset(
                         sgt.TAG_GROUP: group,
                         sgt.PREFIX + "resource_key": resource_key,
                         sgt.PREFIX + "spark_resource_key": spark_resource_key,
+                        **({sgt.ASSET_REPLACES_BY_COORDINATES: True} if replaces_by_coordinates else {}),
                     },
                     description=description or fn.__doc__ or f"Offset ranges of consumer group {group!r}.",
                     group_name=group_name,
@@ -227,6 +252,49 @@ def stream_asset(
             yield from run_ranges(context, config, resource, spark_resource, fn, asset_key)
 
         assert isinstance(_stream_asset, dg.AssetsDefinition)
+        key = backfill_key(asset_key)
+
+        @dg.multi_asset(
+            name=key.to_python_identifier(),
+            specs=[
+                dg.AssetSpec(
+                    key=key,
+                    partitions_def=partitions,
+                    skippable=True,
+                    metadata={sgt.TAG_GROUP: group, sgt.ASSET_BACKFILL_OF: asset_key.to_user_string()},
+                    description=f"Backfills of {asset_key.to_user_string()}: each materialization re-processed "
+                    "committed ranges of one shard (its metadata gives the offsets) into the same output. Nothing is "
+                    f"committed here; the group's progress, lag and freshness are {asset_key.to_user_string()}'s.",
+                    group_name=group_name,
+                    kinds=kinds or {"spark"},
+                    **{k: v for k, v in spec_kwargs.items() if k in _BACKFILL_SPEC_FIELDS},
+                )
+            ],
+            required_resource_keys={resource_key, spark_resource_key},
+            **op_kwargs,
+        )
+        def _backfill(
+            context: dg.AssetExecutionContext, config: sgt.StreamRunConfig
+        ) -> Iterator[dg.AssetMaterialization]:
+            resource: StreamGroupResource = getattr(context.resources, resource_key)
+            if resource.group != group:
+                raise dg.Failure(f"resource {resource_key!r} is group {resource.group!r}, the asset needs {group!r}")
+            spark_resource = getattr(context.resources, spark_resource_key)
+
+            def process(ranges: list[sgt.RangeSpec], read: dict[str, tuple[int, int]]) -> _ProcessedWave:
+                return _process(context, resource, spark_resource, fn, key, ranges, None, None, read)
+
+            yield from run_backfill(
+                context,
+                config,
+                resource,
+                stream_key=asset_key,
+                replaces_by_coordinates=replaces_by_coordinates,
+                process=process,
+            )
+
+        assert isinstance(_backfill, dg.AssetsDefinition)
+        _BACKFILL_ASSETS[_stream_asset.node_def] = _backfill
         return _stream_asset
 
     return decorate
@@ -258,8 +326,17 @@ def run_ranges(
     fn: StreamFn,
     asset_key: dg.AssetKey,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
-    ranges = run_ranges_of(context)
     reports = sgt.member_reports(config, resource.group, context.run.tags)
+    if reports is None:
+        # Its materializations would become the shards' latest (their lag and committed offset) and the asset's
+        # freshness: re-processing is the backfill asset's (dagster/backfill.py).
+        raise dg.Failure(
+            description=f"a run of {asset_key.to_user_string()} is a member's run of group {resource.group!r}; to "
+            f"re-process ranges without moving offsets, backfill {backfill_key(asset_key).to_user_string()} "
+            f"(`streamgroup backfill`, a UI backfill of its shard partitions with tags {sgt.TAG_START}/{sgt.TAG_END}, "
+            "or its Launchpad with ranges in the run config)"
+        )
+    ranges = run_ranges_of(context)
     _refuse_copies(context, reports)
     member = resource.member(config.member) if reports and config.member is not None else None
     mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
@@ -379,15 +456,17 @@ def _process(
     ranges: list[sgt.RangeSpec],
     reports: list[RangeReport] | None,
     member: GroupMember | None,
+    read: dict[str, tuple[int, int]] | None = None,
 ) -> _ProcessedWave:
-    """A wave's Spark work: read its ranges, call the stream function, count the records. On failure the ranges
-    are reported failed (retried by the group) before the error is raised."""
+    """A wave's Spark work: read its ranges (``read``: the spans a backfill's wave reads, many ranges of a shard in
+    one), call the stream function, count the records. On failure the ranges are reported failed (retried by the
+    group) before the error is raised."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
         session_s = time.monotonic() - t0
         t1 = time.monotonic()
-        observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges})
+        observed = resource.observed_records(spark, read or {r.shard: (r.start, r.end) for r in ranges})
         token = _WAVE.set(list(ranges))
         try:
             extra = dict(fn(context, observed.df) or {})
@@ -415,9 +494,9 @@ def _commit(
     member: GroupMember | None,
     carry_until: float,
 ) -> _CommittedWave:
-    """A processed wave's commit (nothing for a backfill), then its offsets mirrored into the backend. Before
-    ``carry_until`` the commit also plans the shards' next wave, in the same state write
-    (``protocol.commit_and_carry_on``), with their watermarks read just before it."""
+    """A processed wave's commit (nothing for a backfill), then its offsets mirrored into the backend and its ranges'
+    bounds recorded (``range_index``). Before ``carry_until`` the commit also plans the shards' next wave, in the same
+    state write (``protocol.commit_and_carry_on``), with their watermarks read just before it."""
     state: GroupState | None = None
     mirrored = True
     shards = [r.shard for r in ranges]
@@ -452,6 +531,9 @@ def _commit(
         state = stats.state
     if not marks:
         marks = _watermarks(resource, shards)
+    if member is not None and reports:
+        # Before the materializations: a run that dies in between is repaired by its member, which records them.
+        record_committed_ranges(resource, [(r.shard, r.start, r.end) for r in reports], marks)
     return _CommittedWave(marks, state, mirrored, carrying, launches, already)
 
 

@@ -1,4 +1,5 @@
-"""The stream asset with real Spark (local) and the real local broker: commit, refusal, failure, backfill."""
+"""The stream asset with real Spark (local) and the real local broker: commit, refusal, failure (backfills:
+test_backfill.py)."""
 
 from __future__ import annotations
 
@@ -125,24 +126,6 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
         assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
         assert not driver.requests(), "nothing left to read"
 
-        # Backfill: a range again, processed but never committed (offsets stay where they are).
-        again = run(asset, instance, resource, spark, (shards[0], 0, 100))
-        assert again.success and seen[-1] == (shards[0], 0, 100, 100)
-        assert materializations(again)[shards[0]]["backfill"] is True
-        checks = {c.check_name: c.passed for c in again.get_asset_check_evaluations()}
-        assert checks == {LAG_CHECK: True, PARKED_CHECK: True}, "a backfill evaluates the asset's checks at its end"
-        state = resource.member("reader").load()
-        assert state is not None and state.shards[shards[0]].committed == 301
-        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
-        # a backfill of a shard partition without its range says how to give it
-        bare = dg.materialize(
-            [asset],
-            instance=instance,
-            partition_key=shards[0],
-            resources={"streamgroup": resource, "pyspark": spark},
-            raise_on_error=False,
-        )
-        assert not bare.success
 
 
 def test_a_second_execution_of_a_run_does_not_record_its_ranges_again(
