@@ -2,8 +2,8 @@
 
 from dagster_streamgroup.dagster.assets import (
     CommitRefusedError,
-    backfill_asset_of,
     StreamRange,
+    backfill_asset_of,
     freshness_windows,
     range_of,
     ranges_of,

@@ -261,7 +261,8 @@ def stream_asset(
                     key=key,
                     partitions_def=partitions,
                     skippable=True,
-                    metadata={sgt.TAG_GROUP: group, sgt.ASSET_BACKFILL_OF: asset_key.to_user_string()},
+                    # Not the stream asset's group tag: what looks a group's stream asset up finds one asset.
+                    metadata={sgt.ASSET_BACKFILL_OF: asset_key.to_user_string(), sgt.PREFIX + "backfill_group": group},
                     description=f"Backfills of {asset_key.to_user_string()}: each materialization re-processed "
                     "committed ranges of one shard (its metadata gives the offsets) into the same output. Nothing is "
                     f"committed here; the group's progress, lag and freshness are {asset_key.to_user_string()}'s.",

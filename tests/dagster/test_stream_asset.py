@@ -12,7 +12,6 @@ import pytest
 
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, ranges_of, stream_asset
 from dagster_streamgroup.dagster import tags as sgt
-from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
 from tests.dagster.gated_storage import GatedEventLogStorage, gated_instance_overrides
 from tests.dagster.helpers import (
@@ -39,22 +38,10 @@ def run(
     instance: dg.DagsterInstance,
     resource: KafkaStreamGroup,
     spark: StreamSparkResource,
-    request: dg.RunRequest | tuple[str, int, int],
+    request: dg.RunRequest,
     **tag_overrides: str,
 ) -> dg.ExecuteInProcessResult:
-    """Materialize a run as the daemon would launch it (a RunRequest), or a backfill of ``(shard, start, end)``
-    as the UI launches one (the shard partition, the range in tags)."""
-    if not isinstance(request, dg.RunRequest):  # a RunRequest is a NamedTuple too
-        shard, start, end = request
-        instance.add_dynamic_partitions(sgt.partitions_def_name(resource.group), [shard])
-        return dg.materialize(
-            [asset],
-            instance=instance,
-            partition_key=shard,
-            tags={**sgt.backfill_tags(resource.group, shard, start, end), **tag_overrides},
-            resources={"streamgroup": resource, "pyspark": spark},
-            raise_on_error=False,
-        )
+    """Materialize a run as the daemon would launch it (a RunRequest)."""
     assert request.tags is not None
     tags = {**request.tags, "dagster/run_key": request.run_key or ""}
     selection = dg.AssetSelection.assets(*(request.asset_selection or [asset.key]))
@@ -125,7 +112,6 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
         assert state is not None and all(state.shards[s].committed == 301 for s in shards)
         assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
         assert not driver.requests(), "nothing left to read"
-
 
 
 def test_a_second_execution_of_a_run_does_not_record_its_ranges_again(
