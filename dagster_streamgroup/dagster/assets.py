@@ -107,8 +107,10 @@ def run_ranges_of(context: dg.AssetExecutionContext) -> list[sgt.RangeSpec]:
 
 
 def ranges_of(context: dg.AssetExecutionContext) -> list[StreamRange]:
-    """The ranges of this run, in shard order: what the DataFrame given to the stream function holds."""
-    return sorted((StreamRange(r.shard, r.start, r.end) for r in run_ranges_of(context)), key=lambda r: r.shard)
+    """The ranges of this run, in shard and offset order: what the DataFrame given to the stream function holds (a
+    member's run holds one range of each of its shards; a backfill's wave, many consecutive ranges of one shard)."""
+    ranges = (StreamRange(r.shard, r.start, r.end) for r in run_ranges_of(context))
+    return sorted(ranges, key=lambda r: (r.shard, r.start))
 
 
 def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
