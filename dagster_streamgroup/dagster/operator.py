@@ -108,7 +108,7 @@ class ShardRow:
     inflight: str
     parked: str
     waits: str = ""
-    """Why the shard cannot move on by itself, if it cannot (an open transaction)."""
+    """Why the shard cannot move on by itself, if it cannot (an open transaction, a backfill's lease)."""
 
 
 def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[ShardRow]:
@@ -121,6 +121,9 @@ def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[Shard
         waits = ""
         if mark is not None and mark.uncommitted_high is not None and mark.held_by_open_transaction:
             waits = open_transaction_text(mark.high, mark.uncommitted_high)
+        if shard.lease is not None:
+            held = "holds it" if shard.lease.granted_at is not None else "waits for its range in flight"
+            waits = "; ".join(filter(None, [waits, f"backfill run {shard.lease.holder} {held}"]))
         inflight = ""
         if shard.inflight is not None:
             f = shard.inflight

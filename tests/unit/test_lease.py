@@ -170,3 +170,14 @@ def test_a_backfill_and_the_group_never_hold_one_shard_at_once(steps: list[tuple
     for holder, shard in list(world.held.items()):
         world.state = protocol.release_lease(world.state, shard, holder)
     assert all(s.lease is None for s in world.state.shards.values())
+
+
+def test_status_says_which_backfill_holds_or_waits_for_a_shard() -> None:
+    from dagster_streamgroup.dagster.operator import shard_rows
+
+    state = balanced_start(2, ("a",))
+    state, _ = protocol.request_lease(state, "s1", "run-2", 10.0, TIMEOUT)
+    state, (launch,) = _planned(state, "a", 10.0)
+    state, _ = protocol.request_lease(state, launch.shard, "run-1", 11.0, TIMEOUT)
+    rows = {row.shard: row.waits for row in shard_rows(state, {})}
+    assert rows == {"s0": "backfill run run-1 waits for its range in flight", "s1": "backfill run run-2 holds it"}
