@@ -385,7 +385,8 @@ def _follow_backfill(dagster_url: str, backfill_id: str, poll_s: float = 2.0) ->
                 click.echo(f"  run {run_id}: {status} ({time.monotonic() - started:.0f} s)")
                 seen[run_id] = status
         if progress.done:
-            click.echo(f"backfill {backfill_id}: {progress.status} ({time.monotonic() - started:.0f} s)")
+            status = "SUCCESS" if progress.succeeded else progress.status
+            click.echo(f"backfill {backfill_id}: {status} ({time.monotonic() - started:.0f} s)")
             if not progress.succeeded:
                 raise SystemExit(1)
             return

@@ -239,7 +239,7 @@ class DagsterGraphQL:
     def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         data = self.execute(
             """query($id: String!) { partitionBackfillOrError(backfillId: $id) { __typename
-                 ... on PartitionBackfill { status runs(limit: 100) { runId status } }
+                 ... on PartitionBackfill { status numPartitions runs(limit: 100) { runId status } }
                  ... on PythonError { message } ... on BackfillNotFoundError { message } } }""",
             {"id": backfill_id},
         )
@@ -247,7 +247,7 @@ class DagsterGraphQL:
         if found.get("__typename") != "PartitionBackfill":
             raise OperatorError(f"backfill {backfill_id}: {found.get('message', found.get('__typename'))}")
         runs = {r["runId"]: r["status"] for r in found["runs"]}
-        return BackfillProgress(status=found["status"], runs=runs)
+        return BackfillProgress(status=found["status"], runs=runs, partitions=int(found.get("numPartitions") or 0))
 
 
 @dataclass(frozen=True)
@@ -256,14 +256,22 @@ class BackfillProgress:
 
     status: str
     runs: dict[str, str]
+    partitions: int = 0
+
+    @property
+    def runs_succeeded(self) -> bool:
+        """A run of each partition succeeded: nothing is left to do, though Dagster's backfill daemon marks the
+        backfill completed only at its next pass (every 30 s)."""
+        return len(self.runs) >= max(1, self.partitions) and all(s == "SUCCESS" for s in self.runs.values())
 
     @property
     def done(self) -> bool:
-        return self.status != "REQUESTED" and all(s in ENDED_RUN_STATUSES for s in self.runs.values())
+        ended = all(s in ENDED_RUN_STATUSES for s in self.runs.values())
+        return (self.status != "REQUESTED" and ended) or self.runs_succeeded
 
     @property
     def succeeded(self) -> bool:
-        return self.status == "COMPLETED_SUCCESS" and all(s == "SUCCESS" for s in self.runs.values())
+        return self.status in {"REQUESTED", "COMPLETED_SUCCESS", "COMPLETED"} and self.runs_succeeded
 
 
 ENDED_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
