@@ -411,6 +411,27 @@ def resolve_command(group: str, definitions_path: Path, shard: str | None) -> No
     click.echo(f"{len(resolved)} dead letter(s) resolved")
 
 
+@main.command("index-ranges")
+@_group_option
+@_definitions_option
+@click.option("--shard", "shards", multiple=True, help="Only these shards (default: every shard partition).")
+def index_ranges_command(group: str, definitions_path: Path, shards: tuple[str, ...]) -> None:
+    """Upgrade step: record the bounds of the ranges committed before this version ($DAGSTER_HOME's instance holds
+    them as materializations), so that backfills over them replace them whole."""
+    import dagster as dg
+
+    from dagster_streamgroup.dagster.operator import OperatorError, index_history
+
+    handle = _group(definitions_path, group)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            counts = index_history(instance, handle, shards)
+    except OperatorError as exc:
+        raise click.UsageError(str(exc)) from None
+    for shard, count in sorted(counts.items()):
+        click.echo(f"{shard}: {count} committed range(s) recorded")
+
+
 @main.command("prune-partitions")
 @_group_option
 @click.option("--dry-run", is_flag=True, help="Only count the keys.")

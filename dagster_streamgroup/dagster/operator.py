@@ -24,6 +24,7 @@ import dagster as dg
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.assets import backfill_asset_of
+from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupState
@@ -317,6 +318,46 @@ def launch_backfill(handle: GroupHandle, plan: BackfillPlan, *, align: bool, chu
         "wave(s) of one run; nothing is committed (`streamgroup backfill`)."
     )
     return client.launch_backfill(backfill.key, [plan.shard], tags, title, description)
+
+
+HISTORY_PAGE = 1000
+"""Materializations a query of ``index_history`` reads (Dagster serves at most 10,000 event records a query)."""
+
+
+def index_history(instance: dg.DagsterInstance, handle: GroupHandle, shards: Sequence[str] = ()) -> dict[str, int]:
+    """The upgrade step to a version that keeps an index of committed ranges (``stores/ranges.py``): the bounds of
+    the ranges the group committed before, from the stream asset's materializations (the group's commits and the
+    members' repairs of them; backfills of earlier versions left out), read page by page with Dagster's cursor and
+    recorded page by page. Ranges out of the stream's retention are not kept. Returns the ranges recorded, by shard."""
+    asset = handle.stream_asset()
+    partitions = asset.partitions_def
+    assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name is not None
+    wanted = list(shards) or list(instance.get_dynamic_partitions(partitions.name))
+    marks = handle.resource.backend().watermarks(wanted)
+    counts: dict[str, int] = {}
+    for shard in wanted:
+        records_filter = dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=[shard])
+        cursor: str | None = None
+        counts[shard] = 0
+        while True:
+            page = instance.fetch_materializations(records_filter, limit=HISTORY_PAGE, cursor=cursor, ascending=True)
+            ranges = []
+            for record in page.records:
+                materialization = record.asset_materialization
+                if materialization is None:
+                    continue
+                meta = {k: v.value for k, v in materialization.metadata.items()}
+                start, end = meta.get("start"), meta.get("end")
+                if meta.get("backfill") or not isinstance(start, int) or not isinstance(end, int):
+                    continue
+                if meta.get("committed") == end or meta.get("repaired"):
+                    ranges.append((shard, start, end))
+            record_committed_ranges(handle.resource, ranges, marks)
+            counts[shard] += len(ranges)
+            if not page.has_more:
+                break
+            cursor = page.cursor
+    return counts
 
 
 def resolve_dead_letters(resource: StreamGroupResource, shard: str | None) -> list[protocol.DeadLetter]:

@@ -49,12 +49,17 @@ def overlapping(ranges: Sequence[tuple[int, int]], start: int, end: int) -> list
     return [(lo, hi) for lo, hi in ranges if hi > start and lo < end]
 
 
-def spans(ranges: Sequence[CommittedRange]) -> dict[str, tuple[int, int]]:
-    """Per shard, the span ``[first start, last end)`` of the ranges to record: what they replace."""
-    out: dict[str, tuple[int, int]] = {}
-    for shard, start, end in ranges:
-        lo, hi = out.get(shard, (start, end))
-        out[shard] = (min(lo, start), max(hi, end))
+def spans(ranges: Sequence[CommittedRange]) -> list[CommittedRange]:
+    """What ranges to record replace: per shard, the span of each chain of consecutive ranges (a run's waves, a
+    page of history), so a range recorded out of order (a repair) replaces only what it overlaps itself."""
+    out: list[CommittedRange] = []
+    last: dict[str, int] = {}
+    for shard, start, end in sorted(ranges):
+        if shard in last and out[last[shard]][2] == start:
+            out[last[shard]] = (shard, out[last[shard]][1], end)
+        else:
+            last[shard] = len(out)
+            out.append((shard, start, end))
     return out
 
 
@@ -70,7 +75,7 @@ class MemoryRangeIndex:
         self, key: str, ranges: Sequence[CommittedRange], floors: Mapping[str, int] | None = None
     ) -> None:
         with self._lock:
-            for shard, (lo, hi) in spans(ranges).items():
+            for shard, lo, hi in spans(ranges):
                 held = self._ranges.setdefault((key, shard), {})
                 for end, start in list(held.items()):
                     if end > lo and start < hi:

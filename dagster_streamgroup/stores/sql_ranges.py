@@ -74,10 +74,7 @@ class SqlRangeIndex:
         self, key: str, ranges: Sequence[CommittedRange], floors: Mapping[str, int] | None = None
     ) -> None:
         t = self._table
-        gone = [
-            and_(t.c.shard == shard, t.c.range_end > lo, t.c.range_start < hi)
-            for shard, (lo, hi) in spans(ranges).items()
-        ]
+        gone = [and_(t.c.shard == shard, t.c.range_end > lo, t.c.range_start < hi) for shard, lo, hi in spans(ranges)]
         gone += [and_(t.c.shard == shard, t.c.range_end <= floor) for shard, floor in (floors or {}).items()]
         rows = [{"key": key, "shard": s, "range_end": e, "range_start": b} for s, b, e in ranges]
         insert = pg_dialect.insert if self._postgres else sqlite_dialect.insert

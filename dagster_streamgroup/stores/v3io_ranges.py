@@ -92,7 +92,7 @@ class V3ioRangeIndex:
             if response.status_code not in (200, 204):
                 raise self._unexpected(what, response)
         recorded = {(shard, end) for shard, _, end in ranges}
-        for shard, (lo, hi) in spans(ranges).items():
+        for shard, lo, hi in spans(ranges):
             for item in self._covering(what, location, key, shard, lo, hi):
                 if (shard, int(item[END])) not in recorded:
                     self._delete(what, location, f"{sharding_key(key, shard)}.{sort_key(int(item[END]))}")

@@ -70,3 +70,10 @@ def test_a_long_history_answers_for_a_span_in_the_middle(index: RangeIndex, key:
     index.record_ranges(key, tiling("t:0", bounds))
     found = index.ranges_between(key, "t:0", bounds[1500] + 1, bounds[1510])
     assert found == [(bounds[i], bounds[i + 1]) for i in range(1500, 1510)]
+
+
+def test_a_range_recorded_out_of_order_replaces_only_what_it_overlaps(index: RangeIndex, key: str) -> None:
+    """A repair recorded beside a later run's ranges, a page of history with one out of place."""
+    index.record_ranges(key, tiling("t:0", [0, 10, 20, 30]))
+    index.record_ranges(key, [("t:0", 30, 40), ("t:0", 40, 50), ("t:0", 0, 10)])
+    assert index.ranges_between(key, "t:0", 0, 100) == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50)]

@@ -20,6 +20,8 @@ from dagster_streamgroup.dagster import (
 )
 from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.sensors import deployment_id, member_identity
+from dagster_streamgroup.member import update_state
+from dagster_streamgroup.protocol import GroupState
 
 
 def group_name() -> str:
@@ -135,9 +137,12 @@ def materialize_request(
     )
 
 
-def commit_ranges(resource: KafkaStreamGroup, member_id: str, runs: int) -> list[tuple[str, int, int]]:
+def commit_ranges(
+    resource: KafkaStreamGroup, member_id: str, runs: int, *, record: bool = True
+) -> list[tuple[str, int, int]]:
     """``runs`` of the member's runs committed as a run commits them, without Spark: planned by its tick, committed in
-    one fenced state write, their bounds recorded in the store's index. The ranges, in commit order."""
+    one fenced state write, their bounds recorded in the store's index (``record``; not by versions before it), and
+    confirmed recorded as the member's next tick confirms them. The ranges, in commit order."""
     member = resource.member(member_id)
     committed: list[tuple[str, int, int]] = []
     for _ in range(runs):
@@ -148,6 +153,13 @@ def commit_ranges(resource: KafkaStreamGroup, member_id: str, runs: int) -> list
         outcome, _ = member.commit_run_state_only(reports)
         assert outcome.accepted, outcome
         ranges = [(r.shard, r.start, r.end) for r in reports]
-        record_committed_ranges(resource, ranges)
+        if record:
+            record_committed_ranges(resource, ranges)
+
+        def confirm(current: GroupState | None, _now: float, key: str = reports[0].run_key) -> tuple[GroupState, None]:
+            assert current is not None
+            return protocol.confirm_recorded(current, member_id, [key]), None  # as its member's next tick does
+
+        update_state(resource.store(), resource.state_key(), confirm)
         committed += ranges
     return committed

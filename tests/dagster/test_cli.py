@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from dagster._core.test_utils import create_run_for_test
 
 from dagster_streamgroup.cli import main
+from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from tests.dagster.helpers import (
     SensorDriver,
@@ -148,6 +149,35 @@ def test_backfill_plan_follows_the_committed_ranges_and_stops_at_the_committed_o
         [*cli_args(group, definitions, shard)[:-1], "--from", "0", "--to", "10", "--dagster-url", "http://127.0.0.1:1"],
     )
     assert launch.exit_code == 2 and "cannot reach the Dagster webserver" in launch.output, launch.output
+
+
+def test_index_ranges_records_the_history_committed_before_the_index(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """The upgrade step: ranges committed by an earlier version are only in Dagster's materializations."""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 999)
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=300)
+    shard = f"{topic}:0"
+    committed = commit_ranges(resource, "reader", runs=3, record=False)
+    runner = CliRunner()
+    args = [*cli_args(group, definitions, shard), "--from", "0", "--to", "900", "--chunk", "1000"]
+    before = runner.invoke(main, args)
+    assert before.stdout.splitlines() == [f"{shard} [0, 900)"] and "no committed range is recorded" in before.stderr
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), [shard])
+        for _, start, end in committed:  # as the earlier version's runs recorded them, beside a backfill of theirs
+            meta = {"start": start, "end": end, "committed": end, "records": end - start}
+            instance.report_runless_asset_event(dg.AssetMaterialization("events", partition=shard, metadata=meta))
+        old_backfill = {"start": 100, "end": 700, "backfill": True}
+        instance.report_runless_asset_event(dg.AssetMaterialization("events", partition=shard, metadata=old_backfill))
+        indexed = runner.invoke(main, ["index-ranges", "--group", group, "--definitions", str(definitions)])
+    assert indexed.exit_code == 0, indexed.output
+    assert indexed.stdout.splitlines() == [f"{shard}: 3 committed range(s) recorded"]
+    after = runner.invoke(main, args)
+    assert after.stdout.splitlines() == [f"{shard} [0, 300)", f"{shard} [300, 600)", f"{shard} [600, 900)"]
 
 
 def test_backfill_by_time_uses_offset_for_time(

@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from jobs.clickstream_events import event
 from tests.e2e.dagster_dev import ROOT, DagsterDev, wait_for
-from tests.e2e.history import commit_history
+from bench.history import commit_history
 from tests.e2e.scenario import (
     ASSET,
     KafkaExample,

@@ -1,4 +1,5 @@
-"""A long history of committed ranges, written in seconds through the code path members commit with.
+"""A long history of committed ranges, written in seconds through the code path members commit with (for
+``bench.backfill`` and tests/e2e/test_backfill.py).
 
 Days of a group's ranges cannot be made by running them (each is a Dagster run and a Spark job). The protocol's own
 transitions make them: a member joins, plans each range as its tick plans it, commits it as its run does, and
