@@ -113,6 +113,15 @@ class ShardLease:
         return status
 
     def __enter__(self) -> ShardLease:
+        try:
+            self._wait()
+        except BaseException:
+            self._release()  # a waiting lease would hold the shard back from the group until it expired
+            raise
+        self._thread.start()
+        return self
+
+    def _wait(self) -> None:
         started = time.monotonic()
         said = -LEASE_LOG_EVERY_S
         while True:
@@ -126,7 +135,6 @@ class ShardLease:
                 raise dg.Failure(description=f"backfill of {self._shard}: {status.detail}")
             waited = time.monotonic() - started
             if waited >= self._wait_s:
-                self._release()
                 raise dg.Failure(
                     description=f"backfill of {self._shard}: the shard was not free within {self._wait_s:.0f} s "
                     f"({status.detail}); nothing was read. Launch it again once the group's run of the shard ended."
@@ -136,8 +144,6 @@ class ShardLease:
                 said = waited
             time.sleep(LEASE_POLL_S)
         self.waited_s = time.monotonic() - started
-        self._thread.start()
-        return self
 
     def _beat(self) -> None:
         while not self._stop.wait(self._beat_s):

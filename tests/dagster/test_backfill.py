@@ -26,6 +26,7 @@ from dagster_streamgroup.dagster import (
     with_range_column,
 )
 from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.backfill import ShardLease
 from dagster_streamgroup.local.kafka_data import produce_records
 from tests.dagster.helpers import SensorDriver, group_name, group_resource, ranges_of_request, sensors_for
 from tests.fixtures.kafka import TopicFactory
@@ -310,3 +311,26 @@ def test_a_run_of_the_stream_asset_without_a_member_points_to_the_backfill_asset
             raise_on_error=False,
         )
         assert not bare.success and f"the tags {sgt.TAG_START} and {sgt.TAG_END}" in failure_of(bare)
+
+
+def test_a_backfill_that_gives_up_waiting_leaves_no_lease_behind(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """Its waiting lease would hold the shard back from the group until it expired."""
+    topic = kafka_topics(partitions=1)
+    shard = f"{topic}:0"
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    asset = range_folders_asset(group, tmp_path / "out", [])
+    with dg.instance_for_test() as instance:
+        driver = SensorDriver(sensors_for(asset, members=1)[0], instance, resource)
+        produce_records(kafka_bootstrap, topic, 0, [b"x"] * 10)
+        holding = driver.request()  # its range stays in flight
+        said: list[str] = []
+        lease = ShardLease(resource, shard, "run-1", said.append, wait_s=1.5, beat_s=1.0)
+        with pytest.raises(dg.Failure, match=r"not free within 2 s \(range \[0, 10\) of run .* is in flight\)"):
+            lease.__enter__()
+        assert said and "waiting for the shard" in said[0]
+        state = resource.member("reader").load()
+        assert state is not None and state.shards[shard].lease is None
+        assert ranges_of_request(holding) == [(shard, 0, 10)]
