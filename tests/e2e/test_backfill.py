@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from bench.history import commit_history
 from dagster_streamgroup.dagster import KafkaStreamGroup
 from jobs.clickstream_events import event
 from tests.e2e.dagster_dev import ROOT, DagsterDev, wait_for
-from bench.history import commit_history
 from tests.e2e.scenario import (
     ASSET,
     KafkaExample,
