@@ -22,7 +22,7 @@ import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,11 +252,17 @@ class Deployment:
 
 @contextlib.contextmanager
 def running_example(
-    bootstrap: str, topic: str, work: Path, settings: ExampleSettings, timeout_s: float
+    bootstrap: str,
+    topic: str,
+    work: Path,
+    settings: ExampleSettings,
+    timeout_s: float,
+    before_start: Callable[[KafkaStreamGroup], object] | None = None,
 ) -> Iterator[Deployment]:
     """``dagster dev`` with the example on ``topic``, a fresh instance and group; yields once every member
     heartbeats and every shard has an owner (read from the group's state store, for this readiness check
-    only: the broker cannot tell)."""
+    only: the broker cannot tell). ``before_start``: what to do with the group before Dagster starts (give it a
+    history, ``bench.backfill``)."""
     group = f"bench_{uuid.uuid4().hex[:8]}"
     home = work / "home"
     env = example_env(bootstrap, topic, group, work / "output", settings)
@@ -270,6 +276,8 @@ def running_example(
     )
     backend = resource.backend()
     shards = backend.shards()
+    if before_start is not None:
+        before_start(resource)
     dev = DagsterDev(home, env, work / "dagster-dev.log", layout=settings.layout)
     example = Deployment(dev, env, group, backend, shards, 0.0, 0.0, resource, settings.members)
     started = time.perf_counter()

@@ -352,22 +352,22 @@ def _timestamp_ms(value: str, option: str) -> int:
 @click.option("--from", "start", type=int, default=None, help="First offset (inclusive).")
 @click.option("--to", "end", type=int, default=None, help="End offset (exclusive).")
 @click.option("--since", default=None, help="Start at the first record at/after this time (ISO 8601 or epoch ms).")
-@click.option("--until", default=None, help="End before the first record at/after this time.")
+@click.option("--until", default=None, help="End before the first record at/after this time (not in the future).")
 @click.option(
     "--chunk",
     type=int,
     default=None,
-    help="Records per run where no committed range is (default: the group's max_records_per_run).",
+    help="Records per piece where no committed range is recorded (default: the group's max_records_per_run).",
 )
 @click.option(
     "--align/--no-align",
-    default=True,
-    show_default=True,
-    help="One run per range the group committed, with its bounds (read from the webserver), so output keyed by "
-    "range is replaced; --no-align cuts [from, to) in --chunk pieces.",
+    default=None,
+    help="Follow the ranges the group committed, with their bounds, so output keyed by range is replaced (the "
+    "default, unless the asset's sink replaces rows by coordinates); --no-align cuts [from, to) in --chunk pieces.",
 )
 @click.option("--dagster-url", default="http://127.0.0.1:3000", show_default=True, help="The Dagster webserver.")
-@click.option("--dry-run", is_flag=True, help="Print the ranges without launching.")
+@click.option("--dry-run", is_flag=True, help="Print what would be re-processed without launching.")
+@click.option("--wait", is_flag=True, help="Follow the backfill until its run ends; exit 1 if it failed.")
 def backfill(
     group: str,
     definitions_path: Path | None,
@@ -377,61 +377,96 @@ def backfill(
     since: str | None,
     until: str | None,
     chunk: int | None,
-    align: bool,
+    align: bool | None,
     dagster_url: str,
     dry_run: bool,
+    wait: bool,
 ) -> None:
-    """Re-process offsets of one shard as a Dagster backfill (shown in the UI); committed offsets do not move."""
-    from dagster_streamgroup.dagster.operator import (
-        DagsterGraphQL,
-        OperatorError,
-        aligned_ranges,
-        check_backfill_range,
-        chunk_ranges,
-        launch_backfill,
-    )
+    """Re-process offsets of one shard as one Dagster backfill (shown in the UI); committed offsets do not move."""
+    import time
+
+    from dagster_streamgroup.dagster import tags as sgt
+    from dagster_streamgroup.dagster.backfill import describe, plan_of
+    from dagster_streamgroup.dagster.operator import OperatorError, check_backfill_range, launch_backfill, load_state
+    from dagster_streamgroup.protocol.backfill import BackfillRefusedError
 
     if (start is None) == (since is None) or (end is None) == (until is None):
         raise click.UsageError(
             "give the start as --from OFFSET or --since TIME, and the end as --to OFFSET or --until TIME"
         )
+    if chunk is not None and chunk < 1:
+        raise click.BadParameter(f"must be >= 1, got {chunk}", param_hint="--chunk")
+    until_ms = None if until is None else _timestamp_ms(until, "--until")
+    if until_ms is not None and until_ms > time.time() * 1000:
+        raise click.BadParameter(
+            f"{until!r} is in the future: a backfill re-processes records the group has committed; end at the "
+            "present at the latest, or give --to OFFSET",
+            param_hint="--until",
+        )
+    options = ("--since" if since is not None else "--from", "--until" if until is not None else "--to")
     handle = _group(definitions_path, group)
-    backend = handle.resource.backend()
+    resource = handle.resource
     try:
+        coordinates = handle.replaces_by_coordinates
+        align = not coordinates if align is None else align
+        size = chunk if chunk is not None else resource.max_records_per_run
+        backend = resource.backend()
         if since is not None:
             start = backend.offset_for_time(shard, _timestamp_ms(since, "--since"))
-        if until is not None:
-            end = backend.offset_for_time(shard, _timestamp_ms(until, "--until"))
+        if until_ms is not None:
+            end = backend.offset_for_time(shard, until_ms)
         assert start is not None and end is not None
-        options = ("--since" if since is not None else "--from", "--until" if until is not None else "--to")
         check_backfill_range(handle, shard, start, end, options)
-        size = chunk if chunk is not None else handle.resource.max_records_per_run
-        ranges = chunk_ranges(start, end, size)
-        if align and len(handle.assets) == 1:
-            try:
-                committed = DagsterGraphQL(dagster_url).committed_ranges(handle.assets[0].key, shard)
-            except OperatorError as exc:
-                if not dry_run:
-                    raise
-                click.echo(f"not aligned with the committed ranges ({exc}); --chunk pieces:", err=True)
-            else:
-                ranges = aligned_ranges(start, end, committed, size)
-                if ranges[0][0] < start or ranges[-1][1] > end:
-                    click.echo(
-                        f"[{start}, {end}) cuts a committed range: the backfill covers "
-                        f"[{ranges[0][0]}, {ranges[-1][1]}), whole ranges",
-                        err=True,
-                    )
+        spec = sgt.RangeSpec(shard=shard, start=start, end=end)
+        try:
+            plan = plan_of(
+                resource, load_state(resource), spec, align=align, chunk=size, replaces_by_coordinates=coordinates
+            )
+        except BackfillRefusedError as exc:
+            raise OperatorError(f"{options[0]}/{options[1]}: {exc}") from None
+        for note in plan.notes():
+            click.echo(note, err=True)
+        click.echo(f"plan: {describe(plan)}, one run", err=True)
         if dry_run:
-            for s, e in ranges:
-                click.echo(f"{shard} [{s}, {e})")
+            for lo, hi in plan.ranges:
+                click.echo(f"{shard} [{lo}, {hi})")
             return
-        backfill_ids = launch_backfill(handle, shard, ranges, dagster_url)
+        click.echo(f"launching one backfill through {dagster_url} ...", err=True)
+        backfill_id = launch_backfill(handle, plan, align=align, chunk=size, dagster_url=dagster_url)
     except (OperatorError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"{len(backfill_ids)} backfill(s) over {shard} [{start}, {end}), one run each:")
-    for backfill_id, (s, e) in zip(backfill_ids, ranges, strict=True):
-        click.echo(f"  [{s}, {e}) {dagster_url.rstrip('/')}/runs/b/{backfill_id}")
+    url = f"{dagster_url.rstrip('/')}/runs/b/{backfill_id}?tab=runs"
+    click.echo(f"backfill {backfill_id} over {shard} [{plan.start}, {plan.end}): {url}")
+    if wait:
+        _follow_backfill(dagster_url, backfill_id)
+
+
+def _follow_backfill(dagster_url: str, backfill_id: str, poll_s: float = 2.0) -> None:
+    """Print the backfill's runs as their statuses change until it ends; a failed backfill exits 1. An error while
+    following ends the command (exit 1) with the backfill's id already printed: the backfill goes on."""
+    import time
+
+    from dagster_streamgroup.dagster.operator import DagsterGraphQL, OperatorError
+
+    client = DagsterGraphQL(dagster_url)
+    started = time.monotonic()
+    seen: dict[str, str] = {}
+    while True:
+        try:
+            progress = client.backfill_progress(backfill_id)
+        except OperatorError as exc:
+            raise click.ClickException(f"following backfill {backfill_id} failed ({exc}); it goes on") from None
+        for run_id, status in sorted(progress.runs.items()):
+            if seen.get(run_id) != status:
+                click.echo(f"  run {run_id}: {status} ({time.monotonic() - started:.0f} s)")
+                seen[run_id] = status
+        if progress.done:
+            status = "SUCCESS" if progress.succeeded else progress.status
+            click.echo(f"backfill {backfill_id}: {status} ({time.monotonic() - started:.0f} s)")
+            if not progress.succeeded:
+                raise SystemExit(1)
+            return
+        time.sleep(poll_s)
 
 
 @main.command("resolve")
@@ -451,6 +486,27 @@ def resolve_command(group: str, definitions_path: Path | None, shard: str | None
     for letter in resolved:
         click.echo(f"resolved {letter.shard} [{letter.start}, {letter.end}): {letter.reason}")
     click.echo(f"{len(resolved)} dead letter(s) resolved")
+
+
+@main.command("index-ranges")
+@_group_option
+@_definitions_option
+@click.option("--shard", "shards", multiple=True, help="Only these shards (default: every shard partition).")
+def index_ranges_command(group: str, definitions_path: Path, shards: tuple[str, ...]) -> None:
+    """Upgrade step: record the bounds of the ranges committed before this version ($DAGSTER_HOME's instance holds
+    them as materializations), so that backfills over them replace them whole."""
+    import dagster as dg
+
+    from dagster_streamgroup.dagster.operator import OperatorError, index_history
+
+    handle = _group(definitions_path, group)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            counts = index_history(instance, handle, shards)
+    except OperatorError as exc:
+        raise click.UsageError(str(exc)) from None
+    for shard, count in sorted(counts.items()):
+        click.echo(f"{shard}: {count} committed range(s) recorded")
 
 
 @main.command("prune-partitions")

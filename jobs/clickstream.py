@@ -57,7 +57,7 @@ def payload_column(df: "DataFrame") -> str:
     raise ValueError(f"no record payload column ({' or '.join(PAYLOAD_COLUMNS)}) among {df.columns}")
 
 
-def event_column(df: DataFrame) -> Column:
+def event_column(df: "DataFrame") -> "Column":
     """The event as a struct: the typed value itself (``CLICKSTREAM_FORMAT=avro``: the group decodes the records), or
     the JSON text parsed."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)

@@ -12,6 +12,7 @@ one code location, sharing its daemon, its code server and the state store, each
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -66,12 +67,16 @@ def record_ranges(context: dg.AssetExecutionContext, df: DataFrame, *, hold: boo
     offsets = table.column("offset").to_pylist()
     poison = table.column("poison").to_pylist()
     crcs = table.column("crc").to_pylist()
-    seen: dict[str, list[int]] = {r.shard: [] for r in ranges}
-    hashes: dict[str, dict[int, int]] = {r.shard: {} for r in ranges}
-    bad: dict[str, int] = dict.fromkeys(seen, 0)
+    # A run holds a range per shard; a backfill's wave may hold many ranges of a shard: each row to its range.
+    starts = {shard: [r.start for r in ranges if r.shard == shard] for shard in {r.shard for r in ranges}}
+    seen: dict[tuple[str, int], list[int]] = {(r.shard, r.start): [] for r in ranges}
+    hashes: dict[tuple[str, int], dict[int, int]] = {(r.shard, r.start): {} for r in ranges}
+    bad: dict[str, int] = dict.fromkeys(starts, 0)
     for shard, offset, mark, crc in zip(shards, offsets, poison, crcs, strict=True):
-        seen.setdefault(shard, []).append(int(offset))
-        hashes.setdefault(shard, {}).setdefault(int(offset), int(crc))
+        of_shard = starts.get(shard) or [-1]
+        at = (shard, of_shard[max(0, bisect.bisect_right(of_shard, int(offset)) - 1)])
+        seen.setdefault(at, []).append(int(offset))
+        hashes.setdefault(at, {}).setdefault(int(offset), int(crc))
         if mark:
             bad[shard] = bad.get(shard, 0) + 1
     raising = recorder.poisoned(work) and any(bad.values())
@@ -86,9 +91,9 @@ def record_ranges(context: dg.AssetExecutionContext, df: DataFrame, *, hold: boo
             shard=r.shard,
             start=r.start,
             end=r.end,
-            intervals=recorder.intervals(seen.get(r.shard, [])),
-            seen=len(seen.get(r.shard, [])),
-            hashes=tuple(crc for _, crc in sorted(hashes.get(r.shard, {}).items())),
+            intervals=recorder.intervals(seen.get((r.shard, r.start), [])),
+            seen=len(seen.get((r.shard, r.start), [])),
+            hashes=tuple(crc for _, crc in sorted(hashes.get((r.shard, r.start), {}).items())),
             poison=bad.get(r.shard, 0),
             raised=raising,
             backfill=backfill,

@@ -3,6 +3,7 @@
 from dagster_streamgroup.dagster.assets import (
     CommitRefusedError,
     StreamRange,
+    backfill_asset_of,
     freshness_windows,
     range_of,
     ranges_of,
@@ -41,6 +42,7 @@ __all__ = [
     "StreamSparkResource",
     "V3ioStreamGroup",
     "V3ioStreamGroupComponent",
+    "backfill_asset_of",
     "freshness_windows",
     "member_sensor_names",
     "member_sensors",

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextvars import ContextVar, copy_context
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.backfill import backfill_key, run_backfill
 from dagster_streamgroup.dagster.checks import (
     LAG_CHECK,
     PARKED_CHECK,
@@ -41,6 +43,7 @@ from dagster_streamgroup.dagster.checks import (
     parked_check_result,
 )
 from dagster_streamgroup.dagster.liveness import RunHeartbeat, run_beat_interval_s
+from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.recorded import materialized_for
 from dagster_streamgroup.dagster.resources import DAEMON_LOOP_S, KafkaStreamGroup, StreamGroupResource
 from dagster_streamgroup.dagster.typed import RunDecoding, run_decoding
@@ -66,7 +69,7 @@ sink commits (a DataFrame) instead."""
 
 TAG_SINK = sgt.PREFIX + "sink"
 """Asset metadata: the declared sink's kind (``delta``, ``kafka``, ``parquet_ranges``)."""
-TAG_REPLACES_BY_COORDINATES = sgt.PREFIX + "replaces_by_coordinates"
+TAG_REPLACES_BY_COORDINATES = sgt.ASSET_REPLACES_BY_COORDINATES
 """Asset metadata: whether the declared sink replaces rows by their source coordinates, so that a backfill of
 any range, aligned with the committed ranges or not, replaces exactly its records' rows."""
 
@@ -117,8 +120,10 @@ def run_ranges_of(context: dg.AssetExecutionContext) -> list[sgt.RangeSpec]:
 
 
 def ranges_of(context: dg.AssetExecutionContext) -> list[StreamRange]:
-    """The ranges of this run, in shard order: what the DataFrame given to the stream function holds."""
-    return sorted((StreamRange(r.shard, r.start, r.end) for r in run_ranges_of(context)), key=lambda r: r.shard)
+    """The ranges of this run, in shard and offset order: what the DataFrame given to the stream function holds (a
+    member's run holds one range of each of its shards; a backfill's wave, many consecutive ranges of one shard)."""
+    ranges = (StreamRange(r.shard, r.start, r.end) for r in run_ranges_of(context))
+    return sorted(ranges, key=lambda r: (r.shard, r.start))
 
 
 def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
@@ -136,6 +141,19 @@ def range_of(context: dg.AssetExecutionContext) -> tuple[str, int, int]:
 
 _SPEC_FIELDS = frozenset(("deps", "code_version", "automation_condition", "owners", "tags"))
 """``stream_asset`` keywords that describe the asset (its ``AssetSpec``); the others go to ``dg.multi_asset``."""
+_BACKFILL_SPEC_FIELDS = frozenset(("code_version", "owners", "tags"))
+"""... and those its backfill asset shares."""
+
+_BACKFILL_ASSETS: weakref.WeakKeyDictionary[object, dg.AssetsDefinition] = weakref.WeakKeyDictionary()
+"""The backfill asset of each stream asset, by the stream asset's op (which copies of its definition share)."""
+
+
+def backfill_asset_of(asset: dg.AssetsDefinition) -> dg.AssetsDefinition | None:
+    """The backfill asset ``stream_asset`` built beside ``asset`` (``<name>_backfill``): its runs re-process ranges
+    without moving the stream asset's latest materialization, lag or freshness (``dagster/backfill.py``). The member
+    sensors target it with the stream asset, so a code location with the sensors has it."""
+    return _BACKFILL_ASSETS.get(asset.node_def)
+
 
 FRESHNESS_MARGIN_S = 60.0
 """What a run takes beyond the group's own waits (queueing, a process, a Spark session, the read, the commit)."""
@@ -186,6 +204,7 @@ def stream_asset(
     value_schema: "ReaderSpec | None" = None,
     key_schema: "ReaderSpec | None" = None,
     sink: RangeSink | None = None,
+    replaces_by_coordinates: bool = False,
     **asset_kwargs: Any,
 ) -> Callable[[StreamFn], dg.AssetsDefinition]:
     """Turn ``fn(context, df) -> metadata | None`` into the stream asset of consumer group ``group``.
@@ -202,8 +221,23 @@ def stream_asset(
     folders); the function then returns its rows as a DataFrame, which the run commits into the sink before it
     commits its ranges into the group state. The asset's metadata names the sink's kind and whether it replaces
     rows by their source coordinates (``sink_replaces_by_coordinates``).
-    Other keywords describe the asset (``owners``, ``tags``, ``code_version``, ``deps``, ``automation_condition``)
-    or its op (``op_tags``, ``retry_policy``, ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them."""
+    ``replaces_by_coordinates``: for a function that writes its output itself, that its sink replaces rows by their
+    source coordinates (shard and offset, as a table merged on them does), so a backfill of any bounds replaces
+    exactly its records: backfills then cut their range in pieces instead of following the committed ranges, and
+    may reach past the group's committed offset (a sink keyed by range, as the example's folders are, needs
+    neither: the default). A declared ``sink`` says it itself. Other keywords describe the asset (``owners``,
+    ``tags``, ``code_version``, ``deps``, ``automation_condition``) or its op (``op_tags``, ``retry_policy``,
+    ``pool``, ...), as ``dg.AssetSpec`` and ``dg.multi_asset`` take them.
+
+    Beside it, ``<name>_backfill`` (``backfill_asset_of``) re-processes ranges for backfills, with the same
+    function and sink."""
+
+    if sink is not None and replaces_by_coordinates and not sink.replaces_by_coordinates:
+        raise ValueError(
+            f"replaces_by_coordinates=True: the declared sink ({type(sink).__name__}) does not replace rows by their "
+            "source coordinates; leave the flag out (a declared sink says it itself)"
+        )
+    replaces = replaces_by_coordinates or (sink is not None and sink.replaces_by_coordinates)
 
     def decorate(fn: StreamFn) -> dg.AssetsDefinition:
         asset_name = name or fn.__name__
@@ -228,6 +262,7 @@ def stream_asset(
                         sgt.PREFIX + "resource_key": resource_key,
                         sgt.PREFIX + "spark_resource_key": spark_resource_key,
                         **_sink_metadata(sink),
+                        **({sgt.ASSET_REPLACES_BY_COORDINATES: True} if replaces else {}),
                     },
                     description=description or fn.__doc__ or f"Offset ranges of consumer group {group!r}.",
                     group_name=group_name,
@@ -252,6 +287,55 @@ def stream_asset(
             yield from run_ranges(context, config, resource, spark_resource, fn, asset_key, decoding, sink)
 
         assert isinstance(_stream_asset, dg.AssetsDefinition)
+        key = backfill_key(asset_key)
+
+        @dg.multi_asset(
+            name=key.to_python_identifier(),
+            specs=[
+                dg.AssetSpec(
+                    key=key,
+                    partitions_def=partitions,
+                    skippable=True,
+                    # Not the stream asset's group tag: what looks a group's stream asset up finds one asset.
+                    metadata={sgt.ASSET_BACKFILL_OF: asset_key.to_user_string(), sgt.PREFIX + "backfill_group": group},
+                    description=f"Backfills of {asset_key.to_user_string()}: each materialization re-processed "
+                    "committed ranges of one shard (its metadata gives the offsets) into the same output. Nothing is "
+                    f"committed here; the group's progress, lag and freshness are {asset_key.to_user_string()}'s.",
+                    group_name=group_name,
+                    kinds=kinds or {"spark"},
+                    **{k: v for k, v in spec_kwargs.items() if k in _BACKFILL_SPEC_FIELDS},
+                )
+            ],
+            required_resource_keys={resource_key, spark_resource_key},
+            **op_kwargs,
+        )
+        def _backfill(
+            context: dg.AssetExecutionContext, config: sgt.StreamRunConfig
+        ) -> Iterator[dg.AssetMaterialization]:
+            resource: StreamGroupResource = getattr(context.resources, resource_key)
+            if resource.group != group:
+                raise dg.Failure(f"resource {resource_key!r} is group {resource.group!r}, the asset needs {group!r}")
+            spark_resource = getattr(context.resources, spark_resource_key)
+
+            decoding = run_decoding(resource, value_schema, key_schema)
+
+            def process(ranges: list[sgt.RangeSpec], read: dict[str, tuple[int, int]]) -> _ProcessedWave:
+                return _process(
+                    context, resource, spark_resource, fn, key, ranges, None, None,
+                    decoding=decoding, sink=sink, config=config, read=read,
+                )  # fmt: skip
+
+            yield from run_backfill(
+                context,
+                config,
+                resource,
+                stream_key=asset_key,
+                replaces_by_coordinates=replaces,
+                process=process,
+            )
+
+        assert isinstance(_backfill, dg.AssetsDefinition)
+        _BACKFILL_ASSETS[_stream_asset.node_def] = _backfill
         return _stream_asset
 
     return decorate
@@ -285,8 +369,17 @@ def run_ranges(
     decoding: RunDecoding | None = None,
     sink: RangeSink | None = None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
-    ranges = run_ranges_of(context)
     reports = sgt.member_reports(config, resource.group, context.run.tags)
+    if reports is None:
+        # Its materializations would become the shards' latest (their lag and committed offset) and the asset's
+        # freshness: re-processing is the backfill asset's (dagster/backfill.py).
+        raise dg.Failure(
+            description=f"a run of {asset_key.to_user_string()} is a member's run of group {resource.group!r}; to "
+            f"re-process ranges without moving offsets, backfill {backfill_key(asset_key).to_user_string()} "
+            f"(`streamgroup backfill`, a UI backfill of its shard partitions with tags {sgt.TAG_START}/{sgt.TAG_END}, "
+            "or its Launchpad with ranges in the run config)"
+        )
+    ranges = run_ranges_of(context)
     _refuse_copies(context, reports)
     member = resource.member(config.member) if reports and config.member is not None else None
     mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
@@ -413,13 +506,14 @@ def _process(
     decoding: RunDecoding | None = None,
     sink: RangeSink | None = None,
     config: sgt.StreamRunConfig | None = None,
+    read: dict[str, tuple[int, int]] | None = None,
 ) -> _ProcessedWave:
-    """A wave's Spark work: read its ranges, call the stream function, commit its rows into the declared sink,
-    count the records. On failure the ranges are reported failed (retried by the group) before the error is
-    raised, so a sink commit is always followed by the state commit or by a retry of the same ranges: a registry
-    that could not be asked retries them with their bounds without counting an attempt, records that a retry
-    would meet again (a writer schema the reader cannot resolve, a bad record under ``on_decode_error: fail``)
-    park their range at once."""
+    """A wave's Spark work: read its ranges (``read``: the spans a backfill's wave reads, many ranges of a shard in
+    one), call the stream function, commit its rows into the declared sink, count the records. On failure the
+    ranges are reported failed (retried by the group) before the error is raised, so a sink commit is always
+    followed by the state commit or by a retry of the same ranges: a registry that could not be asked retries
+    them with their bounds without counting an attempt, records that a retry would meet again (a writer schema
+    the reader cannot resolve, a bad record under ``on_decode_error: fail``) park their range at once."""
     try:
         t0 = time.monotonic()
         spark = spark_resource.spark_session
@@ -427,7 +521,7 @@ def _process(
         t1 = time.monotonic()
         if decoding is not None and not decoding.resolved:
             context.log.info(f"{resource.group}: decodes {decoding.describe()}")
-        observed = resource.observed_records(spark, {r.shard: (r.start, r.end) for r in ranges}, decoding)
+        observed = resource.observed_records(spark, read or {r.shard: (r.start, r.end) for r in ranges}, decoding)
         token = _WAVE.set(list(ranges))
         try:
             out = fn(context, observed.df)
@@ -464,9 +558,9 @@ def _commit(
     carry_until: float,
     processed: _ProcessedWave | None = None,
 ) -> _CommittedWave:
-    """A processed wave's commit (nothing for a backfill), then its offsets mirrored into the backend. Before
-    ``carry_until`` the commit also plans the shards' next wave, in the same state write
-    (``protocol.commit_and_carry_on``), with their watermarks read just before it."""
+    """A processed wave's commit (nothing for a backfill), then its offsets mirrored into the backend and its ranges'
+    bounds recorded (``range_index``). Before ``carry_until`` the commit also plans the shards' next wave, in the same
+    state write (``protocol.commit_and_carry_on``), with their watermarks read just before it."""
     state: GroupState | None = None
     mirrored = True
     shards = [r.shard for r in ranges]
@@ -502,6 +596,9 @@ def _commit(
         state = stats.state
     if not marks:
         marks = _watermarks(resource, shards)
+    if member is not None and reports:
+        # Before the materializations: a run that dies in between is repaired by its member, which records them.
+        record_committed_ranges(resource, [(r.shard, r.start, r.end) for r in reports], marks)
     return _CommittedWave(marks, state, mirrored, carrying, launches, already)
 
 
@@ -642,6 +739,7 @@ def _wait_for_a_wave(
             and shard.owner == member.member_id
             and shard.inflight is None
             and shard.parked is None
+            and shard.lease is None
             for s in shards
         ):
             return []

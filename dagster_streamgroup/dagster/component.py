@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from pydantic.fields import FieldInfo
 
 from dagster_streamgroup.dagster import tags as sgt
-from dagster_streamgroup.dagster.assets import StreamFn, stream_asset, stream_freshness_policy
+from dagster_streamgroup.dagster.assets import StreamFn, backfill_asset_of, stream_asset, stream_freshness_policy
 from dagster_streamgroup.dagster.instance_settings import ensure_instance_settings
 from dagster_streamgroup.dagster.resources import (
     DAEMON_LOOP_S,
@@ -484,7 +484,7 @@ class StreamGroupComponent(dg.Component, dg.Resolvable):
         """What ``stream_definitions`` builds, under this component's resource keys."""
         asset = self.stream_asset()
         return dg.Definitions(
-            assets=[asset],
+            assets=[asset, *filter(None, [backfill_asset_of(asset)])],
             sensors=member_sensors(
                 asset,
                 members=self.members,

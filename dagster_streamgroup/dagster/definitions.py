@@ -7,6 +7,7 @@ from typing import Any
 import dagster as dg
 
 from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.assets import backfill_asset_of
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.dagster.sensors import member_sensors, stream_target
 from dagster_streamgroup.dagster.spark_session import StreamSparkResource
@@ -20,15 +21,16 @@ def stream_definitions(
     members: int = 3,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
 ) -> dg.Definitions:
-    """The asset, ``members`` member sensors (ticking every ``group.heartbeat_interval_s``), the group and
-    Spark resources, and the in-process executor (a range run is one step: no extra process per step)."""
+    """The asset and its backfill asset, ``members`` member sensors (ticking every ``group.heartbeat_interval_s``),
+    the group and Spark resources, and the in-process executor (a range run is one step: no extra process per
+    step)."""
     target = stream_target(asset)
     if group.group != target.group:
         raise ValueError(f"group: the resource is group {group.group!r}, the asset was built for {target.group!r}")
     spark_key = asset.metadata_by_key[asset.key].get(sgt.PREFIX + "spark_resource_key", "pyspark")
     assert isinstance(spark_key, str)
     return dg.Definitions(
-        assets=[asset],
+        assets=[asset, *filter(None, [backfill_asset_of(asset)])],
         sensors=member_sensors(
             asset, members=members, heartbeat_interval_s=group.heartbeat_interval_s, default_status=default_status
         ),

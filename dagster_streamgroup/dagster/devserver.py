@@ -137,7 +137,7 @@ class WebserverClient:
     def materializations(self, asset: str) -> list[dict[str, Any]]:
         data = self.graphql(
             """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
-                 assetMaterializations(limit: 10000) { partition runId metadataEntries { label
+                 assetMaterializations(limit: 10000) { partition runId timestamp metadataEntries { label
                    ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
                    ... on BoolMetadataEntry { boolValue } ... on FloatMetadataEntry { floatValue } } } } } }""",
             {"k": {"path": [asset]}},
@@ -147,7 +147,7 @@ class WebserverClient:
             meta = {}
             for e in m["metadataEntries"]:
                 meta[e["label"]] = e.get("intValue", e.get("text", e.get("boolValue", e.get("floatValue"))))
-            out.append({"partition": m["partition"], "runId": m["runId"], **meta})
+            out.append({"partition": m["partition"], "runId": m["runId"], "at": float(m["timestamp"]) / 1000, **meta})
         return out
 
 
@@ -249,6 +249,16 @@ class DagsterDev(WebserverClient):
         )["stopSensor"]
         if result["__typename"] != "StopSensorMutationResult" or result["instigationState"]["status"] != "STOPPED":
             raise RuntimeError(f"stopping {name}: {result}")
+
+    def start_sensor(self, name: str, location: str = "clickstream") -> None:
+        selector = {"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": name}
+        result = self.graphql(
+            """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
+                 ... on Sensor { sensorState { status } } ... on PythonError { message } } }""",
+            {"s": selector},
+        )["startSensor"]
+        if result["__typename"] != "Sensor" or result["sensorState"]["status"] != "RUNNING":
+            raise RuntimeError(f"starting {name}: {result}")
 
     def daemon_pid(self) -> int:
         """The daemon: ``dagster dev``'s ``dagster._daemon run`` child, or the ``dagster-daemon run`` service."""

@@ -2,7 +2,8 @@
 
 Groups are found through the project's own ``Definitions`` (the same resources the sensors and runs use),
 so the CLI reads exactly the state and stream they do. Backfills go through the Dagster webserver's GraphQL
-API, so they are ordinary Dagster backfills: visible in the UI, queued under the per-shard run limit.
+API, so they are ordinary Dagster backfills of the stream asset's backfill asset: visible in the UI, one per
+``streamgroup backfill``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,12 @@ import dagster as dg
 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
+from dagster_streamgroup.dagster.assets import backfill_asset_of
+from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.resources import StreamGroupResource
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupState
+from dagster_streamgroup.protocol.backfill import BackfillPlan
 from dagster_streamgroup.stores.sql import sqlite_file
 from dagster_streamgroup.streams.base import StreamError, Watermarks, open_transaction_text
 
@@ -36,6 +40,29 @@ class GroupHandle:
     resource: StreamGroupResource
     resource_key: str
     assets: list[dg.AssetsDefinition]
+    """The group's stream assets."""
+
+    def stream_asset(self) -> dg.AssetsDefinition:
+        if len(self.assets) != 1:
+            raise OperatorError(
+                f"--group: expected one stream asset of group {self.resource.group!r}, found {len(self.assets)}"
+            )
+        return self.assets[0]
+
+    def backfill_asset(self) -> dg.AssetsDefinition:
+        """The stream asset's backfill asset, which the member sensors bring into the code location."""
+        asset = self.stream_asset()
+        found = backfill_asset_of(asset)
+        if found is None:
+            raise OperatorError(
+                f"--group: asset {asset.key.to_user_string()} has no backfill asset (was it built with stream_asset?)"
+            )
+        return found
+
+    @property
+    def replaces_by_coordinates(self) -> bool:
+        asset = self.stream_asset()
+        return bool(asset.metadata_by_key.get(asset.key, {}).get(sgt.ASSET_REPLACES_BY_COORDINATES))
 
 
 def find_group(defs: dg.Definitions, group: str) -> GroupHandle:
@@ -67,7 +94,7 @@ class ShardRow:
     inflight: str
     parked: str
     waits: str = ""
-    """Why the shard cannot move on by itself, if it cannot (an open transaction)."""
+    """Why the shard cannot move on by itself, if it cannot (an open transaction, a backfill's lease)."""
 
 
 def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[ShardRow]:
@@ -80,6 +107,9 @@ def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[Shard
         waits = ""
         if mark is not None and mark.uncommitted_high is not None and mark.held_by_open_transaction:
             waits = open_transaction_text(mark.high, mark.uncommitted_high)
+        if shard.lease is not None:
+            held = "holds it" if shard.lease.granted_at is not None else "waits for its range in flight"
+            waits = "; ".join(filter(None, [waits, f"backfill run {shard.lease.holder} {held}"]))
         inflight = ""
         if shard.inflight is not None:
             f = shard.inflight
@@ -124,37 +154,6 @@ def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:
     return changed
 
 
-def aligned_ranges(start: int, end: int, committed: Iterable[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
-    """A backfill's runs over ``[start, end)``, one per range the group committed there, with its exact bounds:
-    output keyed by range (``with_range_column``) is then replaced, not written a second time under other keys.
-    A committed range that ``start`` or ``end`` cuts is taken whole (the backfill grows to its bounds); offsets no
-    committed range covers (before the group started, or whose materializations are gone) are cut in ``chunk``s."""
-    if start < 0 or end <= start:
-        raise OperatorError(f"--from/--to: need 0 <= from < to, got [{start}, {end})")
-    if chunk < 1:
-        raise OperatorError(f"--chunk: must be >= 1, got {chunk}")
-    out: list[tuple[int, int]] = []
-    position = start
-    for range_start, range_end in sorted(set(committed)):
-        if range_end <= position or range_start >= end or range_end <= range_start:
-            continue
-        if range_start > position:
-            out += chunk_ranges(position, range_start, chunk)
-        out.append((range_start, range_end))
-        position = range_end
-    if position < end:
-        out += chunk_ranges(position, end, chunk)
-    return out
-
-
-def chunk_ranges(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
-    if start < 0 or end <= start:
-        raise OperatorError(f"--from/--to: need 0 <= from < to, got [{start}, {end})")
-    if chunk < 1:
-        raise OperatorError(f"--chunk: must be >= 1, got {chunk}")
-    return [(s, min(s + chunk, end)) for s in range(start, end, chunk)]
-
-
 class DagsterGraphQL:
     """The few GraphQL calls a backfill needs (the UI uses the same mutations)."""
 
@@ -184,7 +183,11 @@ class DagsterGraphQL:
         )
         node = data["assetNodeOrError"]
         if node.get("__typename") != "AssetNode":
-            raise OperatorError(f"the webserver does not know asset {asset_key.to_user_string()}")
+            raise OperatorError(
+                f"the webserver at {self.url} does not know asset {asset_key.to_user_string()} (a stream asset's "
+                "backfill asset comes with its member sensors: are they in the code location's Definitions, and was "
+                "the code location reloaded since this version was installed?)"
+            )
         return node["repository"]["location"]["name"], node["repository"]["name"]
 
     def add_partitions(self, location: str, repository: str, partitions_def: str, keys: Sequence[str]) -> None:
@@ -204,27 +207,9 @@ class DagsterGraphQL:
             if kind not in {"AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"}:
                 raise OperatorError(f"adding partition {key}: {data['addDynamicPartition'].get('message', kind)}")
 
-    def committed_ranges(self, asset_key: dg.AssetKey, shard: str) -> list[tuple[int, int]]:
-        """The ranges of ``shard`` its member runs committed, from the asset's materializations (their ``start`` and
-        ``end`` metadata; backfills' own materializations left out: they commit nothing)."""
-        data = self.execute(
-            """query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
-                 assetMaterializations(partitions: $p, limit: 1000000) { metadataEntries { label
-                   ... on IntMetadataEntry { intRepr } ... on BoolMetadataEntry { boolValue } } } } } }""",
-            {"k": {"path": asset_key.path}, "p": [shard]},
-        )
-        found = data["assetOrError"]
-        if found.get("__typename") != "Asset":
-            return []
-        ranges = []
-        for materialization in found["assetMaterializations"]:
-            entries = {e["label"]: e for e in materialization["metadataEntries"]}
-            if entries.get("backfill", {}).get("boolValue") or "start" not in entries or "end" not in entries:
-                continue
-            ranges.append((int(entries["start"]["intRepr"]), int(entries["end"]["intRepr"])))
-        return ranges
-
-    def launch_backfill(self, asset_key: dg.AssetKey, keys: Sequence[str], tags: dict[str, str]) -> str:
+    def launch_backfill(
+        self, asset_key: dg.AssetKey, keys: Sequence[str], tags: dict[str, str], title: str, description: str
+    ) -> str:
         data = self.execute(
             """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
                  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message }
@@ -234,6 +219,8 @@ class DagsterGraphQL:
                     "partitionNames": list(keys),
                     "assetSelection": [{"path": asset_key.path}],
                     "tags": [{"key": k, "value": v} for k, v in tags.items()],
+                    "title": title,
+                    "description": description,
                 }
             },
         )
@@ -242,50 +229,127 @@ class DagsterGraphQL:
             raise OperatorError(f"the backfill was not launched: {result.get('message', result['__typename'])}")
         return str(result["backfillId"])
 
+    def backfill_progress(self, backfill_id: str) -> BackfillProgress:
+        data = self.execute(
+            """query($id: String!) { partitionBackfillOrError(backfillId: $id) { __typename
+                 ... on PartitionBackfill { status numPartitions runs(limit: 100) { runId status } }
+                 ... on PythonError { message } ... on BackfillNotFoundError { message } } }""",
+            {"id": backfill_id},
+        )
+        found = data["partitionBackfillOrError"]
+        if found.get("__typename") != "PartitionBackfill":
+            raise OperatorError(f"backfill {backfill_id}: {found.get('message', found.get('__typename'))}")
+        runs = {r["runId"]: r["status"] for r in found["runs"]}
+        return BackfillProgress(status=found["status"], runs=runs, partitions=int(found.get("numPartitions") or 0))
+
+
+@dataclass(frozen=True)
+class BackfillProgress:
+    """A Dagster backfill's status (``REQUESTED`` while it runs) and its runs' statuses, by run id."""
+
+    status: str
+    runs: dict[str, str]
+    partitions: int = 0
+
+    @property
+    def runs_succeeded(self) -> bool:
+        """A run of each partition succeeded: nothing is left to do, though Dagster's backfill daemon marks the
+        backfill completed only at its next pass (every 30 s)."""
+        return len(self.runs) >= max(1, self.partitions) and all(s == "SUCCESS" for s in self.runs.values())
+
+    @property
+    def done(self) -> bool:
+        ended = all(s in ENDED_RUN_STATUSES for s in self.runs.values())
+        return (self.status != "REQUESTED" and ended) or self.runs_succeeded
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status in {"REQUESTED", "COMPLETED_SUCCESS", "COMPLETED"} and self.runs_succeeded
+
+
+ENDED_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+
 
 def check_backfill_range(
     handle: GroupHandle, shard: str, start: int, end: int, options: tuple[str, str] = ("--from", "--to")
 ) -> None:
     """A backfill reads records that exist: a range past the high watermark would make its run wait out the
-    stall timeout, holding the shard's one-run slot against live consumption; one below the low watermark
-    was already lost to retention. ``options`` name where the offsets came from, for the message."""
+    stall timeout. ``options`` name where the offsets came from, for the message. What is committed and retained
+    is the plan's to check (``dagster/backfill.py``: on the bounds it will read, which alignment may widen)."""
     if start < 0 or end <= start:
         raise OperatorError(f"{options[0]}/{options[1]}: need 0 <= from < to, got offsets [{start}, {end})")
     backend = handle.resource.backend()
     shards = backend.shards()
     if shard not in shards:
         raise OperatorError(f"--shard: {shard} is not a shard of the stream (shards: {', '.join(shards[:8])} ...)")
-    mark = backend.watermarks([shard])[shard]
-    if end > mark.high:
+    high = backend.watermarks([shard])[shard].high
+    if end > high:
         raise OperatorError(
-            f"{options[1]}: the range ends at offset {end}, past the end of {shard} (high watermark {mark.high}); "
-            f"end at {mark.high} at most"
-        )
-    if start < mark.low:
-        raise OperatorError(
-            f"{options[0]}: offset {start} of {shard} is out of retention (the earliest offset is {mark.low})"
+            f"{options[1]}: the range ends at offset {end}, past the end of {shard} (high watermark {high}); "
+            f"end at {high} at most"
         )
 
 
-def launch_backfill(handle: GroupHandle, shard: str, ranges: Sequence[tuple[int, int]], dagster_url: str) -> list[str]:
-    """Launch one Dagster backfill of the shard's partition per range (the range in its tags; no offsets move).
+def launch_backfill(handle: GroupHandle, plan: BackfillPlan, *, align: bool, chunk: int, dagster_url: str) -> str:
+    """Launch one Dagster backfill of the shard's partition of the group's backfill asset, its range in its tags:
+    its one run re-processes ``plan`` (planned again when it starts, from the state it leases; no offset moves).
 
-    These are ordinary partition backfills, as the UI launches them: a backfill of shard partitions with the
-    tags ``streamgroup/start`` and ``streamgroup/end`` re-processes that range of each shard."""
-    if len(handle.assets) != 1:
-        raise OperatorError(
-            f"--group: expected one stream asset of group {handle.resource.group!r}, found {len(handle.assets)}"
-        )
-    asset = handle.assets[0]
+    An ordinary partition backfill, as the UI launches one: a backfill of the backfill asset's shard partitions with
+    the tags ``streamgroup/start`` and ``streamgroup/end`` re-processes that range of each shard."""
+    backfill = handle.backfill_asset()
     client = DagsterGraphQL(dagster_url)
-    location, repository = client.location_of(asset.key)
+    location, repository = client.location_of(backfill.key)
+    partitions = backfill.partitions_def
+    assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name is not None
+    client.add_partitions(location, repository, partitions.name, [plan.shard])
+    tags = sgt.backfill_tags(handle.resource.group, plan.shard, plan.start, plan.end, align=align, chunk=chunk)
+    title = f"{handle.resource.group}: {plan.shard} [{plan.start}, {plan.end})"
+    what = "committed range(s)" if plan.aligned else "piece(s)"
+    description = (
+        f"Re-processes {len(plan.ranges)} {what} of {plan.shard} ({plan.records} records) in {len(plan.waves)} "
+        "wave(s) of one run; nothing is committed (`streamgroup backfill`)."
+    )
+    return client.launch_backfill(backfill.key, [plan.shard], tags, title, description)
+
+
+HISTORY_PAGE = 1000
+"""Materializations a query of ``index_history`` reads (Dagster serves at most 10,000 event records a query)."""
+
+
+def index_history(instance: dg.DagsterInstance, handle: GroupHandle, shards: Sequence[str] = ()) -> dict[str, int]:
+    """The upgrade step to a version that keeps an index of committed ranges (``stores/ranges.py``): the bounds of
+    the ranges the group committed before, from the stream asset's materializations (the group's commits and the
+    members' repairs of them; backfills of earlier versions left out), read page by page with Dagster's cursor and
+    recorded page by page. Ranges out of the stream's retention are not kept. Returns the ranges recorded, by shard."""
+    asset = handle.stream_asset()
     partitions = asset.partitions_def
     assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name is not None
-    client.add_partitions(location, repository, partitions.name, [shard])
-    return [
-        client.launch_backfill(asset.key, [shard], sgt.backfill_tags(handle.resource.group, shard, start, end))
-        for start, end in ranges
-    ]
+    wanted = list(shards) or list(instance.get_dynamic_partitions(partitions.name))
+    marks = handle.resource.backend().watermarks(wanted)
+    counts: dict[str, int] = {}
+    for shard in wanted:
+        records_filter = dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=[shard])
+        cursor: str | None = None
+        counts[shard] = 0
+        while True:
+            page = instance.fetch_materializations(records_filter, limit=HISTORY_PAGE, cursor=cursor, ascending=True)
+            ranges = []
+            for record in page.records:
+                materialization = record.asset_materialization
+                if materialization is None:
+                    continue
+                meta = {k: v.value for k, v in materialization.metadata.items()}
+                start, end = meta.get("start"), meta.get("end")
+                if meta.get("backfill") or not isinstance(start, int) or not isinstance(end, int):
+                    continue
+                if meta.get("committed") == end or meta.get("repaired"):
+                    ranges.append((shard, start, end))
+            record_committed_ranges(handle.resource, ranges, marks)
+            counts[shard] += len(ranges)
+            if not page.has_more:
+                break
+            cursor = page.cursor
+    return counts
 
 
 def resolve_dead_letters(resource: StreamGroupResource, shard: str | None) -> list[protocol.DeadLetter]:

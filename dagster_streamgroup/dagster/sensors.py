@@ -31,7 +31,9 @@ from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster import tick_context
+from dagster_streamgroup.dagster.assets import backfill_asset_of
 from dagster_streamgroup.dagster.checks import PARKED_CHECK, lag_check_evaluation, parked_check_evaluation
+from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.recorded import materialized_for
 from dagster_streamgroup.dagster.resources import (
     DAEMON_LOOP_S,
@@ -43,6 +45,7 @@ from dagster_streamgroup.launcher.worker import RunWorker
 from dagster_streamgroup.member import GroupMember, TickReport, update_state
 from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
+from dagster_streamgroup.stores.base import StoreUnavailableError
 from dagster_streamgroup.streams.base import StreamError, open_transaction_text
 
 log = logging.getLogger(__name__)
@@ -114,9 +117,13 @@ def _member_sensor(
     interval_s: float,
     default_status: dg.DefaultSensorStatus,
 ) -> dg.SensorDefinition:
+    backfill = backfill_asset_of(target.asset)
+
     @dg.sensor(
         name=name,
-        asset_selection=[target.asset.key],
+        # The backfill asset with the stream asset: Dagster adds a sensor's target assets to its code location, so
+        # the backfill asset comes with the member sensors. A member's runs select the stream asset alone.
+        target=[target.asset] if backfill is None else [target.asset, backfill],
         minimum_interval_seconds=max(1, round(interval_s)),
         default_status=default_status,
         description=(
@@ -183,6 +190,7 @@ def evaluate_member_tick(
         notes += _leave_stopped_peers(resource, instance, before, peer_ids, _repository_of(context))
         notes += _settle_ended_runs(member, instance, before, member_id)
         repairs, confirmed, cursor.repaired = _unrecorded_commits(instance, target, before, member_id, cursor.repaired)
+        notes += _record_repaired_ranges(resource, repairs)
     ticked = time.monotonic()
     report = member.tick(recorded=confirmed)
     tick_s = time.monotonic() - ticked
@@ -638,6 +646,23 @@ def _unrecorded_commits(
                 )
             )
     return repairs, confirmed, tuple(repaired_now)
+
+
+def _record_repaired_ranges(resource: StreamGroupResource, repairs: Sequence[dg.AssetMaterialization]) -> list[str]:
+    """The bounds of repaired ranges in the store's index (``range_index``): their run died before it recorded them.
+    A failure is said in the tick's log: a backfill over those ranges would cut them in pieces."""
+    ranges = []
+    for repair in repairs:
+        start, end = repair.metadata.get("start"), repair.metadata.get("end")
+        if repair.partition is None or not isinstance(start, dg.IntMetadataValue):
+            continue
+        if isinstance(end, dg.IntMetadataValue) and start.value is not None and end.value is not None:
+            ranges.append((repair.partition, start.value, end.value))
+    try:
+        record_committed_ranges(resource, ranges)
+    except (StoreUnavailableError, StreamError) as exc:
+        return [f"recording the bounds of {len(ranges)} repaired range(s) failed: {exc}"]
+    return []
 
 
 def _may_still_record(run: dg.DagsterRun) -> bool:

@@ -35,6 +35,15 @@ TAG_BACKFILL = PREFIX + "backfill"
 TAG_START = PREFIX + "start"
 TAG_END = PREFIX + "end"
 """A backfill of shard partitions from the UI gives its offset range in these two tags."""
+TAG_ALIGN = PREFIX + "align"
+"""``false``: a backfill cuts its range in pieces instead of following the committed ranges (the default, unless the
+asset's sink replaces rows by their coordinates)."""
+TAG_CHUNK = PREFIX + "chunk"
+"""A backfill's piece size where no committed range is recorded (default: the group's ``max_records_per_run``)."""
+ASSET_BACKFILL_OF = PREFIX + "backfill_of"
+"""Metadata of a stream asset's backfill asset: the stream asset's key."""
+ASSET_REPLACES_BY_COORDINATES = PREFIX + "replaces_by_coordinates"
+"""Metadata of a stream asset whose sink replaces rows by their source coordinates (shard and offset)."""
 TAG_LAUNCH_FAILED = PREFIX + "launch_failed"
 """Set on a run whose launch raised (its value: the error's type): no worker ever read its ranges, so its
 member relaunches them without counting an attempt."""
@@ -112,9 +121,31 @@ def run_tags(launches: Sequence[Launch]) -> dict[str, str]:
     return tags
 
 
-def backfill_tags(group: str, shard: str, start: int, end: int) -> dict[str, str]:
+def backfill_tags(
+    group: str, shard: str, start: int, end: int, *, align: bool | None = None, chunk: int | None = None
+) -> dict[str, str]:
     """Tags of a backfill of one shard partition: its range, and no member identity."""
-    return {TAG_BACKFILL: "true", TAG_GROUP: group, TAG_SHARD: shard, TAG_START: str(start), TAG_END: str(end)}
+    tags = {TAG_BACKFILL: "true", TAG_GROUP: group, TAG_SHARD: shard, TAG_START: str(start), TAG_END: str(end)}
+    if align is not None:
+        tags[TAG_ALIGN] = str(align).lower()
+    if chunk is not None:
+        tags[TAG_CHUNK] = str(chunk)
+    return tags
+
+
+def backfill_options(tags: Mapping[str, str], *, align: bool, chunk: int) -> tuple[bool, int]:
+    """``(align, chunk)`` of a backfill run: its tags', else the given defaults."""
+    text = tags.get(TAG_ALIGN, str(align)).strip().lower()
+    if text not in {"true", "false"}:
+        raise RangeTagsError(f"tag {TAG_ALIGN} must be true or false, got {tags[TAG_ALIGN]!r}")
+    chunk_text = tags.get(TAG_CHUNK, str(chunk))
+    try:
+        size = int(chunk_text)
+    except ValueError:
+        raise RangeTagsError(f"tag {TAG_CHUNK} must be an integer, got {chunk_text!r}") from None
+    if size < 1:
+        raise RangeTagsError(f"tag {TAG_CHUNK} must be >= 1, got {size}")
+    return text == "true", size
 
 
 class RangeTagsError(ValueError):

@@ -33,6 +33,14 @@ from dagster_streamgroup.protocol.completion import (
     touch,
     unpark,
 )
+from dagster_streamgroup.protocol.lease import (
+    LeaseOutcome,
+    LeaseStatus,
+    expire_leases,
+    release_lease,
+    request_lease,
+    touch_lease,
+)
 from dagster_streamgroup.protocol.membership import evict_stale, expire_drains, heartbeat, leave
 from dagster_streamgroup.protocol.planning import (
     Launch,
@@ -55,6 +63,7 @@ from dagster_streamgroup.protocol.state import (
     GroupEvent,
     GroupState,
     InFlight,
+    Lease,
     Member,
     Parked,
     ShardState,
@@ -74,6 +83,9 @@ __all__ = [
     "GroupState",
     "InFlight",
     "Launch",
+    "Lease",
+    "LeaseOutcome",
+    "LeaseStatus",
     "Member",
     "NewerSchemaError",
     "Parked",
@@ -98,6 +110,7 @@ __all__ = [
     "encode_state",
     "evict_stale",
     "expire_drains",
+    "expire_leases",
     "fail",
     "fail_run",
     "heartbeat",
@@ -115,7 +128,9 @@ __all__ = [
     "quotas",
     "rebalance",
     "relaunch_key",
+    "release_lease",
     "report_of",
+    "request_lease",
     "resolve_dead_letters",
     "run_key",
     "runs_of",
@@ -124,6 +139,7 @@ __all__ = [
     "split_budget",
     "sync_shards",
     "touch",
+    "touch_lease",
     "unpark",
     "waiting_behind_inflight",
 ]

@@ -123,7 +123,8 @@ def plan(
     watermarks: Mapping[str, Watermark],
     policy: GroupPolicy,
 ) -> tuple[GroupState, list[Launch]]:
-    """Position, check retention, and launch the next ranges of the idle shards ``member_id`` owns.
+    """Position, check retention, and launch the next ranges of the idle shards ``member_id`` owns (those no
+    backfill holds a lease on).
 
     In member mode the new ranges of one tick form one run, sized by the backlog; a retry runs alone, so a
     range that keeps failing is parked on its own and never takes healthy shards down with it. Shards missing
@@ -135,6 +136,8 @@ def plan(
     ready: list[_Ready] = []
     for shard_id, shard in state.shards.items():
         if shard.owner != member_id or shard.inflight is not None or shard.parked is not None:
+            continue
+        if shard.lease is not None:  # a backfill holds the shard, or waits for its range in flight (lease.py)
             continue
         mark = watermarks.get(shard_id)
         if mark is None:

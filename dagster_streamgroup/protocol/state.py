@@ -24,8 +24,10 @@ SCHEMA_VERSION = 5
 accepted before the upgrade is refused, not applied twice).
 4: ``InFlight.relaunches``/``not_before`` (launches that raised) and ``UnrecordedRun.orphaned_at``; a version-3
 state reads as one with none.
-5: ``DeadLetter.records`` and ``DeadLetter.dead_records`` (records a typed range could not decode); a version-4
-state reads as one whose dead letters hold none."""
+5: ``DeadLetter.records`` and ``DeadLetter.dead_records`` (records a typed range could not decode), and
+``ShardState.lease`` (a backfill's hold on a shard, ``protocol/lease.py``); a version-4 state reads as one whose
+dead letters hold none and with no lease, and a version-4 member refuses a version-5 state instead of planning a
+leased shard."""
 
 
 T = TypeVar("T")
@@ -103,6 +105,20 @@ class Parked:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A backfill's hold on a shard (``protocol/lease.py``): while a shard has one, no member plans a range of it,
+    so a backfill and the group never process the shard at once. Requested while a range is in flight, it waits
+    (``granted_at`` unset) until that range commits or fails; the backfill run holding it says it is alive, and
+    one silent for a session timeout loses it."""
+
+    holder: str
+    """The backfill run's id."""
+    requested_at: float
+    alive_at: float
+    granted_at: float | None = None
+
+
+@dataclass(frozen=True)
 class ShardState:
     owner: str | None = None
     epoch: int = 0
@@ -132,6 +148,8 @@ class ShardState:
     """When the stream was first seen ending below an offset the group has seen (a recreated or truncated
     stream; briefly, a Kafka leader change), by the current owner: the shard is parked if it lasts a session
     timeout. Cleared when the owner changes, so one owner's observation never parks the next one's shard."""
+    lease: Lease | None = None
+    """A backfill's hold on the shard: no range is planned while it is set, granted or waiting."""
 
 
 class EventKind(StrEnum):
@@ -146,6 +164,7 @@ class EventKind(StrEnum):
     CARRIED_OVER = "carried_over"
     LAUNCH_FAILING = "launch_failing"
     UNRECORDED_DROPPED = "unrecorded_dropped"
+    LEASE_EXPIRED = "lease_expired"
 
 
 @dataclass(frozen=True)

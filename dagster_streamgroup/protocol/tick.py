@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from dagster_streamgroup.protocol.assignment import rebalance
 from dagster_streamgroup.protocol.completion import settle_orphaned_unrecorded
+from dagster_streamgroup.protocol.lease import expire_leases
 from dagster_streamgroup.protocol.membership import add_events, evict_stale, expire_drains, heartbeat
 from dagster_streamgroup.protocol.planning import Launch, Watermark, plan, sync_shards
 from dagster_streamgroup.protocol.policy import GroupPolicy
@@ -45,12 +46,17 @@ def membership_step(
     state = heartbeat(state, member_id, now, policy.session_timeout_s)
     state = expire_drains(state, now, policy.drain_timeout_s, policy.session_timeout_s)
     state = settle_orphaned_unrecorded(state, now, policy.drain_timeout_s)
+    state = expire_leases(state, now, policy.session_timeout_s)
     return rebalance(state, member_id, now, policy)
 
 
 def owned_idle_shards(state: GroupState, member_id: str) -> list[str]:
     """The shards whose watermarks the next ``plan`` needs."""
-    return [sid for sid, s in state.shards.items() if s.owner == member_id and s.inflight is None and s.parked is None]
+    return [
+        sid
+        for sid, s in state.shards.items()
+        if s.owner == member_id and s.inflight is None and s.parked is None and s.lease is None
+    ]
 
 
 def member_tick(

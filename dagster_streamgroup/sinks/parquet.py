@@ -26,7 +26,7 @@ from dagster_streamgroup.sinks.base import RangeSink, SinkResult, SinkRun, Stopw
 from dagster_streamgroup.sinks.coordinates import ShardRange, check_ranges
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 RANGE_COLUMN = "range"
 
@@ -39,15 +39,37 @@ def range_key(shard: str, start: int, end: int) -> str:
 
 def with_range_column(df: DataFrame, ranges: Sequence[ShardRange], name: str = RANGE_COLUMN) -> DataFrame:
     """``df`` with a column naming each row's range (``range_key``), from the rows' shard (Kafka's ``topic``
-    and ``partition``, v3io's ``shard``): write with ``partitionBy(name)`` and
-    ``partitionOverwriteMode=dynamic`` to keep every range's output."""
+    and ``partition``, v3io's ``shard``) and, where a shard has several ranges (a backfill re-processes many of a
+    shard's ranges in one read), its offset: write with ``partitionBy(name)`` and ``partitionOverwriteMode=dynamic``
+    to keep every range's output."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    shard = F.concat_ws(":", "topic", "partition") if "topic" in df.columns else F.col("shard").cast("string")
-    key = F.lit(None).cast("string")
+    kafka = "topic" in df.columns
+    shard = F.concat_ws(":", "topic", "partition") if kafka else F.col("shard").cast("string")
+    offset = F.col("offset" if kafka else "sequence_number")
+    by_shard: dict[str, list[ShardRange]] = {}
     for r in ranges:
-        key = F.when(shard == F.lit(r.shard), F.lit(range_key(r.shard, r.start, r.end))).otherwise(key)
+        by_shard.setdefault(r.shard, []).append(r)
+    key = F.lit(None).cast("string")
+    for shard_id, of_shard in by_shard.items():
+        in_shard = _by_offset(offset, sorted(of_shard, key=lambda r: r.start))
+        key = F.when(shard == F.lit(shard_id), in_shard).otherwise(key)
     return df.withColumn(name, key)
+
+
+def _by_offset(offset: Column, ranges: Sequence[ShardRange]) -> Column:
+    """The key of the range holding each row's offset, as a balanced tree of comparisons: a wave of a backfill holds
+    thousands of a shard's ranges, and a chain of that many ``when``s would nest as deep (Spark plans and Spark
+    Connect's messages recurse over it) and compare a row against each."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    if len(ranges) == 1:
+        only = ranges[0]
+        return F.lit(range_key(only.shard, only.start, only.end))
+    middle = len(ranges) // 2
+    return F.when(offset < F.lit(ranges[middle].start), _by_offset(offset, ranges[:middle])).otherwise(
+        _by_offset(offset, ranges[middle:])
+    )
 
 
 def write_range_folders(df: DataFrame, output: str | Path, range_column: str = RANGE_COLUMN) -> None:

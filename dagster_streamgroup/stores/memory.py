@@ -8,10 +8,12 @@ from collections.abc import Callable
 from dagster_streamgroup.protocol.codec import decode_state, encode_state
 from dagster_streamgroup.protocol.state import GroupState
 from dagster_streamgroup.stores.base import StateToken
+from dagster_streamgroup.stores.ranges import MemoryRangeIndex
 
 
-class MemoryStore:
+class MemoryStore(MemoryRangeIndex):
     def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__()
         self._clock = clock
         self._lock = threading.Lock()
         self._items: dict[str, tuple[str, int]] = {}

@@ -18,8 +18,10 @@ its own, and a CAS costs one round trip instead of BEGIN/UPDATE/COMMIT.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,8 @@ from dagster_streamgroup.protocol.codec import ForeignStateError, decode_state, 
 from dagster_streamgroup.protocol.state import SCHEMA_VERSION, STATE_KIND, GroupState
 from dagster_streamgroup.redact import read, redact, scrub, secrets_in
 from dagster_streamgroup.stores.base import StateToken, StoreConfigError, StoreUnavailableError
+from dagster_streamgroup.stores.ranges import CommittedRange
+from dagster_streamgroup.stores.sql_ranges import SqlRangeIndex
 
 DEFAULT_TABLE = "streamgroup_state"
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -292,6 +296,21 @@ class SqlStateStore:
         except _UNREACHABLE as exc:
             raise self._unavailable("read its clock", exc) from None
         return float(value)
+
+    @functools.cached_property
+    def _ranges(self) -> SqlRangeIndex:
+        return SqlRangeIndex(
+            self._engine, f"{self._table.name}_ranges", postgres=self._is_postgres, unavailable=self._unavailable
+        )
+
+    def record_ranges(
+        self, key: str, ranges: Sequence[CommittedRange], floors: Mapping[str, int] | None = None
+    ) -> None:
+        """The committed-range index (``stores/ranges.py``), in table ``<table>_ranges``."""
+        self._ranges.record_ranges(key, ranges, floors)
+
+    def ranges_between(self, key: str, shard: str, start: int, end: int) -> list[tuple[int, int]]:
+        return self._ranges.ranges_between(key, shard, start, end)
 
     def close(self) -> None:
         self._engine.dispose()

@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import re
 import threading
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,7 @@ from dagster_streamgroup.stores.base import (
     StoreUnavailableError,
     reason,
 )
+from dagster_streamgroup.stores.ranges import CommittedRange
 from dagster_streamgroup.stores.v3io_log import (
     LINEAGE,
     LOG_MARK,
@@ -104,6 +107,7 @@ from dagster_streamgroup.stores.v3io_log import (
     parse_token,
     should_fold,
 )
+from dagster_streamgroup.stores.v3io_ranges import V3ioRangeIndex
 from dagster_streamgroup.streams.v3io_config import (
     CONTAINER_NOT_FOUND,
     V3ioConnection,
@@ -863,6 +867,25 @@ class V3ioStateStore:
                 raise StoreUnavailableError(f"state store {self._name}: the clock item vanished after its write")
             secs, nsecs = int(item["__mtime_secs"]), int(item["__mtime_nsecs"])
         return secs + nsecs / _NS
+
+    # -- committed ranges -----------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _ranges(self) -> V3ioRangeIndex:
+        def where(key: str) -> tuple[str, str]:
+            container, directory, _ = state_location(key, self.connection.container, self.directory)
+            return container, directory
+
+        return V3ioRangeIndex(self._client, where, self._call, self._unexpected)
+
+    def record_ranges(
+        self, key: str, ranges: Sequence[CommittedRange], floors: Mapping[str, int] | None = None
+    ) -> None:
+        """The committed-range index (``stores/ranges.py``), items beside the state's (``stores/v3io_ranges.py``)."""
+        self._ranges.record_ranges(key, ranges, floors)
+
+    def ranges_between(self, key: str, shard: str, start: int, end: int) -> list[tuple[int, int]]:
+        return self._ranges.ranges_between(key, shard, start, end)
 
     def close(self) -> None:
         self._client.close()

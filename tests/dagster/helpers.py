@@ -9,8 +9,19 @@ from typing import Any
 
 import dagster as dg
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, member_sensors, ranges_of, stream_asset
+from dagster_streamgroup import protocol
+from dagster_streamgroup.dagster import (
+    KafkaStreamGroup,
+    member_sensors,
+    range_key,
+    ranges_of,
+    stream_asset,
+    with_range_column,
+)
+from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.sensors import deployment_id, member_identity
+from dagster_streamgroup.member import update_state
+from dagster_streamgroup.protocol import GroupState
 
 
 def group_name() -> str:
@@ -99,11 +110,12 @@ def counting_asset(
 
 
 def count_ranges(context: dg.AssetExecutionContext, df: Any, seen: list[tuple[str, int, int, int]]) -> dict[str, Any]:
-    """Appends (shard, start, end, rows) of each range of ``df`` to ``seen``; the rows seen as metadata."""
-    shard_of = "concat_ws(':', topic, cast(partition as string))" if "topic" in df.columns else "cast(shard as string)"
-    counts = {row[0]: row[1] for row in df.selectExpr(f"{shard_of} as s").groupBy("s").count().collect()}
-    for r in ranges_of(context):
-        seen.append((r.shard, r.start, r.end, int(counts.get(r.shard, 0))))
+    """Appends (shard, start, end, rows) of each range of ``df`` to ``seen`` (rows told apart by ``with_range_column``,
+    as a range-keyed sink does: a backfill's wave holds many ranges of a shard); the rows seen as metadata."""
+    ranges = ranges_of(context)
+    counts = {row[0]: row[1] for row in with_range_column(df, ranges).groupBy("range").count().collect()}
+    for r in ranges:
+        seen.append((r.shard, r.start, r.end, int(counts.get(range_key(r.shard, r.start, r.end), 0))))
     return {"rows_seen": dg.MetadataValue.int(sum(counts.values()))}
 
 
@@ -123,3 +135,31 @@ def materialize_request(
         tags={**request.tags, "dagster/run_key": request.run_key or ""},
         resources=resources,
     )
+
+
+def commit_ranges(
+    resource: KafkaStreamGroup, member_id: str, runs: int, *, record: bool = True
+) -> list[tuple[str, int, int]]:
+    """``runs`` of the member's runs committed as a run commits them, without Spark: planned by its tick, committed in
+    one fenced state write, their bounds recorded in the store's index (``record``; not by versions before it), and
+    confirmed recorded as the member's next tick confirms them. The ranges, in commit order."""
+    member = resource.member(member_id)
+    committed: list[tuple[str, int, int]] = []
+    for _ in range(runs):
+        launches = member.tick().new_launches
+        if not launches:
+            break
+        reports = [protocol.report_of(x) for x in launches]
+        outcome, _ = member.commit_run_state_only(reports)
+        assert outcome.accepted, outcome
+        ranges = [(r.shard, r.start, r.end) for r in reports]
+        if record:
+            record_committed_ranges(resource, ranges)
+
+        def confirm(current: GroupState | None, _now: float, key: str = reports[0].run_key) -> tuple[GroupState, None]:
+            assert current is not None
+            return protocol.confirm_recorded(current, member_id, [key]), None  # as its member's next tick does
+
+        update_state(resource.store(), resource.state_key(), confirm)
+        committed += ranges
+    return committed

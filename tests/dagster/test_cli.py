@@ -1,4 +1,5 @@
-"""``streamgroup status | unpark | backfill --dry-run`` over a real broker and store, through click."""
+"""``streamgroup status | unpark | backfill --dry-run`` over a real broker and store, through click (a backfill's launch
+against a real webserver: tests/e2e/test_backfill.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from click.testing import CliRunner
 from dagster._core.test_utils import create_run_for_test
 
 from dagster_streamgroup.cli import main
+from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from tests.dagster.helpers import (
     SensorDriver,
+    commit_ranges,
     counting_asset,
     group_name,
     group_resource,
@@ -108,14 +111,73 @@ def test_status_unpark_and_backfill_plan(kafka_bootstrap: str, kafka_topics: Top
         assert state is not None and state.shards[f"{topic}:0"].parked is None
         assert state.shards[f"{topic}:0"].inflight is not None
 
-    plan = runner.invoke(
-        main,
-        [*cli_args(group, definitions, f"{topic}:1"), "--from", "100", "--to", "450", "--chunk", "200"],
-    )
+    # Shard 1's range is in flight, nothing of it is committed: a backfill would write its records twice.
+    ahead = runner.invoke(main, [*cli_args(group, definitions, f"{topic}:1"), "--from", "100", "--to", "450"])
+    assert ahead.exit_code == 2, ahead.output
+    assert "not committed yet (the group's committed offset is 0)" in ahead.output
+
+
+def test_backfill_plan_follows_the_committed_ranges_and_stops_at_the_committed_offset(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 999)  # 1000 records
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=300)
+    shard = f"{topic}:0"
+    assert commit_ranges(resource, "reader", runs=3) == [(shard, 0, 300), (shard, 300, 600), (shard, 600, 900)]
+    runner = CliRunner()
+
+    plan = runner.invoke(main, [*cli_args(group, definitions, shard), "--from", "350", "--to", "1000"])
     assert plan.exit_code == 0, plan.output
-    assert plan.stdout.splitlines() == [f"{topic}:1 [100, 300)", f"{topic}:1 [300, 450)"]
-    # No webserver answers here, so no committed ranges to follow: a dry run says its pieces are not aligned.
-    assert "not aligned with the committed ranges" in plan.stderr and "cannot reach" in plan.stderr
+    assert plan.stdout.splitlines() == [f"{shard} [300, 600)", f"{shard} [600, 900)"]
+    assert "past the group's committed offset 900: the backfill stops there" in plan.stderr
+    assert "the backfill covers [300, 900), whole ranges" in plan.stderr
+    assert (
+        f"plan: {shard} [300, 900): 2 committed range(s), 600 records, 2 wave(s) of at most 300 records" in plan.stderr
+    )
+
+    pieces = runner.invoke(
+        main, [*cli_args(group, definitions, shard), "--from", "100", "--to", "450", "--chunk", "200", "--no-align"]
+    )
+    assert pieces.exit_code == 0, pieces.output
+    assert pieces.stdout.splitlines() == [f"{shard} [100, 300)", f"{shard} [300, 450)"]
+
+    launch = runner.invoke(
+        main,
+        [*cli_args(group, definitions, shard)[:-1], "--from", "0", "--to", "10", "--dagster-url", "http://127.0.0.1:1"],
+    )
+    assert launch.exit_code == 2 and "cannot reach the Dagster webserver" in launch.output, launch.output
+
+
+def test_index_ranges_records_the_history_committed_before_the_index(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """The upgrade step: ranges committed by an earlier version are only in Dagster's materializations."""
+    topic = kafka_topics(partitions=1)
+    produce_sample(kafka_bootstrap, topic, 1, 999)
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=300)
+    shard = f"{topic}:0"
+    committed = commit_ranges(resource, "reader", runs=3, record=False)
+    runner = CliRunner()
+    args = [*cli_args(group, definitions, shard), "--from", "0", "--to", "900", "--chunk", "1000"]
+    before = runner.invoke(main, args)
+    assert before.stdout.splitlines() == [f"{shard} [0, 900)"] and "no committed range is recorded" in before.stderr
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(sgt.partitions_def_name(group), [shard])
+        for _, start, end in committed:  # as the earlier version's runs recorded them, beside a backfill of theirs
+            meta = {"start": start, "end": end, "committed": end, "records": end - start}
+            instance.report_runless_asset_event(dg.AssetMaterialization("events", partition=shard, metadata=meta))
+        old_backfill = {"start": 100, "end": 700, "backfill": True}
+        instance.report_runless_asset_event(dg.AssetMaterialization("events", partition=shard, metadata=old_backfill))
+        indexed = runner.invoke(main, ["index-ranges", "--group", group, "--definitions", str(definitions)])
+    assert indexed.exit_code == 0, indexed.output
+    assert indexed.stdout.splitlines() == [f"{shard}: 3 committed range(s) recorded"]
+    after = runner.invoke(main, args)
+    assert after.stdout.splitlines() == [f"{shard} [0, 300)", f"{shard} [300, 600)", f"{shard} [600, 900)"]
 
 
 def test_backfill_by_time_uses_offset_for_time(
@@ -129,14 +191,19 @@ def test_backfill_by_time_uses_offset_for_time(
         time.sleep(1.2)
     group = group_name()
     definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, max_records_per_run=300)
+    assert commit_ranges(resource, "reader", runs=1) == [(f"{topic}:0", 0, 5)]
     since = str(marks[1])
     until = dt.datetime.fromtimestamp(marks[2] / 1000, dt.UTC).isoformat()
-    plan = CliRunner().invoke(
-        main,
-        [*cli_args(group, definitions, f"{topic}:0"), "--since", since, "--until", until],
-    )
+    args = [*cli_args(group, definitions, f"{topic}:0"), "--since", since, "--until", until]
+    plan = CliRunner().invoke(main, [*args, "--no-align"])
     assert plan.exit_code == 0, plan.output
     assert plan.stdout.splitlines() == [f"{topic}:0 [2, 4)"]
+    aligned = CliRunner().invoke(main, args)
+    assert aligned.stdout.splitlines() == [f"{topic}:0 [0, 5)"], "[2, 4) lies in the committed range [0, 5)"
+    future = dt.datetime.fromtimestamp(time.time() + 3600, dt.UTC).isoformat()
+    later = CliRunner().invoke(main, [*args[:-2], "--until", future])
+    assert later.exit_code == 2 and "is in the future" in later.output, later.output
 
 
 @pytest.mark.parametrize(
@@ -148,7 +215,8 @@ def test_backfill_by_time_uses_offset_for_time(
         (["--shard", "x:0", "--since", "yesterday", "--to", "3"], "neither epoch milliseconds nor an ISO 8601"),
         (["--shard", "x:0", "--from", "0", "--to", "3"], "--shard: x:0 is not a shard of the stream"),
         (["--shard", "{topic}:0", "--from", "0", "--to", "500"], "--to: the range ends at offset 500, past the end"),
-        (["--shard", "{topic}:0", "--from", "0", "--to", "5", "--chunk", "0"], "--chunk: must be >= 1"),
+        (["--shard", "{topic}:0", "--from", "0", "--to", "5", "--chunk", "0"], "must be >= 1, got 0"),
+        (["--shard", "{topic}:0", "--from", "0", "--to", "5"], "the group has committed nothing of"),
     ],
 )
 def test_backfill_errors_name_the_option(

@@ -285,6 +285,8 @@ def test_two_groups_load_side_by_side(sandbox: DefsFolderSandbox) -> None:
         assert {a.key.to_user_string() for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)} == {
             "clicks",
             "views",
+            "clicks_backfill",
+            "views_backfill",
         }
 
 

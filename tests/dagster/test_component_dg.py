@@ -147,7 +147,7 @@ def test_dg_scaffolds_a_kafka_group_that_checks_and_loads(project: DgProject) ->
     assert "SparkDeclarativePipelineScaffolder" not in done.stdout + done.stderr
 
     listed = json.loads(project.ok("list", "defs", "--json"))
-    assert [a["asset_key"] for a in listed["assets"]] == ["clicks"]
+    assert [a["asset_key"] for a in listed["assets"]] == ["clicks", "clicks_backfill"]
     assert listed["assets"][0]["kinds"] == ["spark"]
     assert sorted(c["name"] for c in listed["asset_checks"]) == ["lag_below_limit", "no_parked_ranges"]
     assert sorted(s["name"] for s in listed["sensors"]) == [f"clicks_member_{i}" for i in range(3)]
@@ -260,7 +260,7 @@ def test_the_scaffolded_project_loads_in_dagster_dev(project: DgProject) -> None
         )
     repository = data["repositoryOrError"]
     assert repository["__typename"] == "Repository", (repository, dev.log.read_text(errors="replace")[-4000:])
-    assert [node["assetKey"]["path"] for node in repository["assetNodes"]] == [["clicks"]]
+    assert [node["assetKey"]["path"] for node in repository["assetNodes"]] == [["clicks"], ["clicks_backfill"]]
     checks = repository["assetNodes"][0]["assetChecksOrError"]["checks"]
     assert sorted(c["name"] for c in checks) == ["lag_below_limit", "no_parked_ranges"]
     sensors = {s["name"]: s["sensorState"]["status"] for s in repository["sensors"]}

@@ -18,6 +18,7 @@ from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.launcher import process
 from dagster_streamgroup.launcher.worker import RunWorker
 from dagster_streamgroup.local.kafka_data import produce_sample
+from dagster_streamgroup.stores.ranges import range_index
 from tests.dagster.helpers import (
     SensorDriver,
     counting_asset,
@@ -343,6 +344,10 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
             (f"{topic}:1", 0, 51),
         ]
         assert all(e.metadata["repaired"].value is True for e in repaired)
+        index = range_index(resource.store())
+        assert [index.ranges_between(resource.state_key(), s, 0, 51) for s in shards] == [[(0, 51)], [(0, 51)]], (
+            "the member records the repaired ranges' bounds, which the run never did: a backfill aligns to them"
+        )
         assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 102), "lag tools see the commit"
         assert not result.run_requests, "a committed range is not run again"
         again = driver.tick()

@@ -1,4 +1,5 @@
-"""The stream asset with real Spark (local) and the real local broker: commit, refusal, failure, backfill."""
+"""The stream asset with real Spark (local) and the real local broker: commit, refusal, failure (backfills:
+test_backfill.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from dagster_streamgroup.dagster import KafkaStreamGroup, StreamSparkResource, ranges_of, stream_asset
+from dagster_streamgroup.dagster import (
+    KafkaStreamGroup,
+    StreamSparkResource,
+    backfill_asset_of,
+    ranges_of,
+    stream_asset,
+)
 from dagster_streamgroup.dagster import tags as sgt
-from dagster_streamgroup.dagster.checks import LAG_CHECK, PARKED_CHECK
 from dagster_streamgroup.local.kafka_data import produce_sample
 from tests.dagster.gated_storage import GatedEventLogStorage, gated_instance_overrides
 from tests.dagster.helpers import (
@@ -42,12 +48,15 @@ def run(
     **tag_overrides: str,
 ) -> dg.ExecuteInProcessResult:
     """Materialize a run as the daemon would launch it (a RunRequest), or a backfill of ``(shard, start, end)``
-    as the UI launches one (the shard partition, the range in tags)."""
+    as the UI launches one (the backfill asset's shard partition, the range in tags)."""
     if not isinstance(request, dg.RunRequest):  # a RunRequest is a NamedTuple too
         shard, start, end = request
+        backfill = backfill_asset_of(asset)
+        assert backfill is not None
         instance.add_dynamic_partitions(sgt.partitions_def_name(resource.group), [shard])
         return dg.materialize(
-            [asset],
+            [asset, backfill],
+            selection=[backfill.key],
             instance=instance,
             partition_key=shard,
             tags={**sgt.backfill_tags(resource.group, shard, start, end), **tag_overrides},
@@ -124,25 +133,6 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
         assert state is not None and all(state.shards[s].committed == 301 for s in shards)
         assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
         assert not driver.requests(), "nothing left to read"
-
-        # Backfill: a range again, processed but never committed (offsets stay where they are).
-        again = run(asset, instance, resource, spark, (shards[0], 0, 100))
-        assert again.success and seen[-1] == (shards[0], 0, 100, 100)
-        assert materializations(again)[shards[0]]["backfill"] is True
-        checks = {c.check_name: c.passed for c in again.get_asset_check_evaluations()}
-        assert checks == {LAG_CHECK: True, PARKED_CHECK: True}, "a backfill evaluates the asset's checks at its end"
-        state = resource.member("reader").load()
-        assert state is not None and state.shards[shards[0]].committed == 301
-        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 301)
-        # a backfill of a shard partition without its range says how to give it
-        bare = dg.materialize(
-            [asset],
-            instance=instance,
-            partition_key=shards[0],
-            resources={"streamgroup": resource, "pyspark": spark},
-            raise_on_error=False,
-        )
-        assert not bare.success
 
 
 def test_a_second_execution_of_a_run_does_not_record_its_ranges_again(

@@ -259,14 +259,13 @@ class Committed:
 
 
 def committed_ranges(deployment: str, materializations: Iterable[Mapping[str, Any]]) -> list[Committed]:
-    """The member-committed ranges among an instance's materializations (backfills commit nothing). Each must
+    """The member-committed ranges: an instance's materializations of the stream asset (backfills record theirs on
+    the backfill asset). Each must
     commit its own end and, unless a member recorded it for a run killed after its commit (``repaired``: no
     count), say its run read every record of the range: ``records == end - start`` (no transactions here, so
     no offset is a control marker)."""
     ranges = []
     for m in materializations:
-        if m.get("backfill"):
-            continue
         assert m["committed"] == m["end"], f"{deployment}: materialization {m} does not commit its own end"
         assert m.get("repaired") or m.get("records") == m["end"] - m["start"], (
             f"{deployment}: materialization {m} counts {m.get('records')} records for its range"

@@ -55,12 +55,9 @@ def test_a_double_commit_or_a_gap_fails(ranges: list[Committed], message: str) -
         assert_tiled_once(ranges, LOWS, HIGHS)
 
 
-def test_backfills_are_not_commits_and_a_commit_must_end_its_range() -> None:
+def test_a_commit_must_end_its_range() -> None:
     common = {"shard": "t:0", "member": "m@a", "runId": "r1"}
-    materializations = [
-        {**common, "start": 0, "end": 5, "committed": 5, "records": 5},
-        {"shard": "t:0", "start": 0, "end": 5, "runId": "r2", "backfill": True},
-    ]
+    materializations = [{**common, "start": 0, "end": 5, "committed": 5, "records": 5}]
     assert committed_ranges("a", materializations) == [Committed("a", "t:0", 0, 5, "m@a", "r1")]
     with pytest.raises(AssertionError, match="does not commit its own end"):
         committed_ranges("a", [{**common, "start": 0, "end": 5, "committed": 4, "records": 5}])

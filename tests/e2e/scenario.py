@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import subprocess
@@ -17,7 +18,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dagster_streamgroup.dagster import KafkaStreamGroup, StreamGroupResource, V3ioStreamGroup
-from dagster_streamgroup.dagster.operator import aligned_ranges
 from dagster_streamgroup.local.kafka_data import create_topics
 from dagster_streamgroup.local.v3io.testing import V3ioServerInfo
 from dagster_streamgroup.streams.base import Watermarks
@@ -171,8 +171,6 @@ def assert_exactly_once(materializations: list[dict[str, Any]], marks: dict[str,
     spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for m in materializations:
         assert_counts_its_range(m)
-        if m.get("backfill"):
-            continue
         spans[m["shard"]].append((m["start"], m["end"]))
         assert m["committed"] == m["end"]
     assert sorted(spans) == sorted(marks)
@@ -301,7 +299,7 @@ def sensor_of(member_id: str) -> str:
 
 
 def backfill_ids(output: str) -> list[str]:
-    """The backfill ids `streamgroup backfill` printed (one per range, each with its UI address)."""
+    """The backfill ids `streamgroup backfill` printed (with its UI address)."""
     return re.findall(r"/runs/b/([A-Za-z0-9_-]+)", output)
 
 
@@ -392,47 +390,46 @@ def run_example_scenario(
         assert_all_produced(stream, marks)
 
         if backfill:
-            # 3. A backfill from the CLI: listed as Dagster backfills, re-processes, moves no offset.
+            # 3. A backfill from the CLI: one Dagster backfill, re-processes whole committed ranges, moves no offset.
             shard = sorted(marks)[0]
             first = marks[shard].low
-            # Aligned with the ranges the group committed there (the webserver's materializations), so the
-            # range-keyed output is replaced: no folder is added.
             committed = [
                 (m["start"], m["end"])
                 for m in dev.materializations(asset)
-                if m["partition"] == shard and not m.get("backfill")
+                if m["partition"] == shard and not m.get("repaired")
             ]
-            expected = aligned_ranges(first, first + 1000, committed, 500)
-            folders_before = {p.name for p in output.iterdir()}  # Parquet: one folder per range
+            delta = env.get("CLICKSTREAM_SINK") == "delta"
+            folders_before = set() if delta else {p.name for p in output.iterdir()}  # Parquet: one folder per range
             command = [str(ROOT / ".venv/bin/streamgroup"), "backfill", "--group", group, "--shard", shard]
-            cli = subprocess.run(
-                [*command, "--from", str(first), "--to", str(first + 1000), "--chunk", "500", "--dagster-url", dev.url],
-                cwd=ROOT,
-                env=dev.env,
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            assert cli.returncode == 0, cli.stderr + cli.stdout
-            ids = set(backfill_ids(cli.stdout))
-            assert len(ids) == len(expected), (cli.stdout, expected)
+            command += ["--from", str(first), "--to", str(first + 1000), "--chunk", "500", "--dagster-url", dev.url]
 
-            def backfill_done() -> list[dict[str, Any]] | None:
-                found = [r for r in dev.runs() if r["tags"].get("dagster/backfill") in ids]
-                ended = {"SUCCESS", "FAILURE", "CANCELED"}
-                done = len(found) == len(expected) and all(r["status"] in ended for r in found)
-                return found if done else None
+            def cli(*extra: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [*command, *extra], cwd=ROOT, env=dev.env, capture_output=True, text=True, timeout=600, check=False
+                )
 
-            backfill_runs = wait_for("the CLI backfill", backfill_done, drain_timeout_s, 2.0)
-            assert {r["status"] for r in backfill_runs} == {"SUCCESS"}
-            assert {r["tags"]["streamgroup/shard"] for r in backfill_runs} == {shard}
-            backfilled = [m for m in dev.materializations(asset) if m.get("backfill")]
-            assert {m["partition"] for m in backfilled} == {shard}
-            assert sorted((m["start"], m["end"]) for m in backfilled) == expected
-            assert all(m["records"] == m["end"] - m["start"] for m in backfilled)
-            assert_output(output, env, backfilled if env.get("CLICKSTREAM_SINK") != "delta" else materialized)
-            if env.get("CLICKSTREAM_SINK") != "delta" and all(r in committed for r in expected):
+            plan = cli("--dry-run")
+            assert plan.returncode == 0, plan.stderr + plan.stdout
+            expected = [tuple(map(int, re.findall(r"\d+", line)[-2:])) for line in plan.stdout.splitlines()]
+            if delta:  # rows replaced by their coordinates: the span in pieces, not the committed ranges
+                assert expected and expected[0][0] == first, expected
+                assert all(a[1] == b[0] for a, b in itertools.pairwise(expected)), expected
+            else:
+                assert expected and all(r in committed for r in expected), (expected, "the committed ranges, whole")
+            launched = cli("--wait")
+            assert launched.returncode == 0, launched.stderr + launched.stdout
+            ids = set(backfill_ids(launched.stdout))
+            assert len(ids) == 1, launched.stdout
+            backfill_runs = [r for r in dev.runs() if r["tags"].get("dagster/backfill") in ids]
+            assert [r["status"] for r in backfill_runs] == ["SUCCESS"], backfill_runs
+            assert backfill_runs[0]["tags"]["streamgroup/shard"] == shard
+            waves = dev.materializations(asset + "_backfill")
+            assert {m["partition"] for m in waves} == {shard} and sum(m["ranges"] for m in waves) == len(expected)
+            assert all(m["records"] == m["end"] - m["start"] for m in waves)
+            if delta:  # the table holds each committed record once, the backfilled ones included
+                assert_output(output, env, dev.materializations(asset))
+            else:
+                assert_output_counts(output, [{"shard": shard, "start": lo, "end": hi} for lo, hi in expected])
                 assert {p.name for p in output.iterdir()} == folders_before, "a backfill replaces, adds no folder"
             assert committed_at_high(resource) == marks  # offsets did not move
 

@@ -657,7 +657,19 @@ def test_no_secret_in_logs_tags_events_errors_or_files(postgres_url: str, work_d
         write_secret_file(wrong_secret_dir, values["sasl_password_wrong"])
         definitions = ["--definitions", str(DEFINITIONS)]
         shard = f"{topic}:0"
-        dry_run = ["backfill", "--group", group, "--shard", shard, "--from", "0", "--to", "100", "--dry-run"]
+        dry_run = [
+            "backfill",
+            "--group",
+            group,
+            "--shard",
+            shard,
+            "--from",
+            "0",
+            "--to",
+            "100",
+            "--no-align",
+            "--dry-run",
+        ]
         bad_port_url = database.url(values["postgres_password_wrong"]).replace(
             f":{make_url(postgres_url).port}/", ":notaport/"
         )

@@ -38,16 +38,17 @@ def test_older_states_read_and_are_written_back_at_the_current_version() -> None
     """Version 2 added ``retry_end`` and ``ahead_since``; version 3 the last committer's member and epoch, the
     dead letters and the unrecorded runs, and dropped successor gating. An older state has none of the new
     fields (and may carry the dropped one); version 4 the relaunch count of a range in flight
-    (test_launch_failures.py). Once written back at the current version, a member of an older version refuses
-    it instead of dropping fields."""
+    (test_launch_failures.py); version 5 a backfill's lease on a shard (test_lease.py). Once written back at the
+    current version, a member of an older version refuses it instead of dropping fields."""
     state = balanced_start(2, ("a",))
     for version, removed, added in [
         (
             1,
-            ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch"),
+            ("retry_end", "ahead_since", "last_commit_member", "last_commit_epoch", "lease"),
             {"pending_predecessors": []},
         ),
-        (2, ("last_commit_member", "last_commit_epoch"), {"pending_predecessors": []}),
+        (2, ("last_commit_member", "last_commit_epoch", "lease"), {"pending_predecessors": []}),
+        (4, ("lease",), {}),
     ]:
         raw = json.loads(encode_state(state))
         raw["schema_version"] = version
