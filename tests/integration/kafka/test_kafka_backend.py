@@ -14,7 +14,12 @@ from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.streams.base import CommitRejectedError, OffsetOutOfRangeError, StreamError
+from dagster_streamgroup.streams.base import (
+    CommitRejectedError,
+    OffsetOutOfRangeError,
+    RangeIncompleteError,
+    StreamError,
+)
 from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA, KafkaBackend, PartitionRange, read_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from tests.fixtures.kafka import TopicFactory, unique_name
@@ -299,3 +304,19 @@ def test_a_failed_call_on_one_thread_leaves_another_threads_request_and_the_succ
         raise KafkaException(KafkaError(KafkaError._TRANSPORT))  # the first thread's next request fails too
     assert backend._admin is successor, "a failure seen through the dropped client dropped its successor"
     assert backend.shards() == [f"{topic}:0", f"{topic}:1"]
+
+
+def test_a_range_past_the_end_of_its_partition_names_that_end_not_retention(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """A range beyond what a partition holds (the topic was recreated shorter, or truncated) fails at once, naming
+    the partition's end; it used to be an ``OffsetOutOfRangeError`` that blamed retention, with the earliest offset
+    (0) given as where the records would be."""
+    topic = kafka_topics(1)
+    [end] = produce_sample(kafka_bootstrap, topic, 1, 10).values()
+    backend = _backend(kafka_bootstrap, topic)
+    with pytest.raises(RangeIncompleteError) as caught:
+        list(backend.read_range(f"{topic}:0", end + 10, end + 20))
+    text = str(caught.value)
+    assert f"{topic}:0" in text and f"ends at {end}" in text and "recreated" in text, text
+    assert "retention" not in text, text
