@@ -23,7 +23,7 @@ import dagster as dg
 from dagster_streamgroup import protocol
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.resources import StreamGroupResource
-from dagster_streamgroup.member import update_state
+from dagster_streamgroup.member import mirror_identities, update_state
 from dagster_streamgroup.protocol import GroupState
 from dagster_streamgroup.streams.base import StreamError, Watermarks, open_transaction_text
 
@@ -128,7 +128,8 @@ def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:
     committed = None if stats.state is None or shard not in stats.state.shards else stats.state.shards[shard].committed
     if changed and skip and committed is not None:
         with contextlib.suppress(StreamError):  # best effort: the shard's next commit mirrors it anyway
-            resource.backend().commit(resource.group, {shard: committed})
+            offsets = {shard: committed}
+            resource.backend().commit(resource.group, offsets, identities=mirror_identities(stats.state, offsets))
     return changed
 
 

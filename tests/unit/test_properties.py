@@ -182,7 +182,9 @@ def test_simulator_detects_a_commit_that_ignores_the_epoch(monkeypatch: object) 
     from dagster_streamgroup.protocol import completion
     from dagster_streamgroup.protocol.completion import commit as fenced_commit
 
-    def unfenced(state: GroupState, presented: protocol.RangeReport) -> tuple[GroupState, protocol.CommitOutcome]:
+    def unfenced(
+        state: GroupState, presented: protocol.RangeReport, identity: str | None = None
+    ) -> tuple[GroupState, protocol.CommitOutcome]:
         shard = state.shards[presented.shard]
         if shard.inflight is None or shard.committed is None:
             return fenced_commit(state, presented)

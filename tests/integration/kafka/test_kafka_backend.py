@@ -52,8 +52,11 @@ def test_a_missing_topic_and_a_foreign_shard_are_clear_errors(kafka_bootstrap: s
     with pytest.raises(StreamError, match="does not exist"):
         _backend(kafka_bootstrap, topic, unique_name("missing")).shards()
     backend = _backend(kafka_bootstrap, topic)
-    with pytest.raises(ValueError, match="not one of the stream's topics"):
-        backend.watermarks(["other:0"])
+    assert backend.watermarks([f"{topic}:0", "other:0"]).keys() == {f"{topic}:0"}, "a missing topic's shard has none"
+    listing = backend.listing()
+    assert listing.missing == frozenset() and listing.shards == [f"{topic}:0"]
+    missing = _backend(kafka_bootstrap, topic, "other")
+    assert missing.listing().missing == {"other"}, "a tick goes on without a missing topic (its shards are parked)"
     with pytest.raises(ValueError, match="is not '<topic>:<partition>'"):
         backend.watermarks([topic])
     with pytest.raises(ValueError, match="offset must be an int >= 0"):
