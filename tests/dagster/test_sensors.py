@@ -636,7 +636,7 @@ def test_a_mirror_keep_alive_that_failed_is_tried_again_after_its_interval_not_a
     report = member.tick()
     calls: list[dict[str, int]] = []
 
-    def refused(_group: str, offsets: dict[str, int]) -> None:
+    def refused(_group: str, offsets: dict[str, int], _identities: object = None) -> None:
         calls.append(dict(offsets))
         raise StreamError("the broker refused the commit")
 
