@@ -262,6 +262,14 @@ def reset(
         identity = (identities or {}).get(shard_id) or shard.identity
         if old == target and shard.inflight is None and shard.parked is None and identity == shard.identity:
             continue
+        if old is not None and shard.identity is not None and identity != shard.identity:
+            # The log was recreated and no tick has said so yet: the old log's offsets go with it, named.
+            gone = (
+                f"the log of shard {shard_id} was deleted and created again (identity {shard.identity} -> "
+                f"{identity}): offsets {old} and on of the old log were not read; {who} positions the new log"
+            )
+            events.append(GroupEvent(kind=EventKind.RECREATED, at=now, shard=shard_id, start=old, detail=gone))
+            old = None
         if old is None or old == target:
             what = f"positioned at {target}"
         elif target > old:
