@@ -558,7 +558,10 @@ class Simulation:
             self.violations.append(f"commit oracle: run {reports[0].run_key} accepted={outcome.accepted}, {verdicts}")
 
     def _check_step(self, before: GroupState, after: GroupState) -> None:
-        added = [e for e in after.events if e not in set(before.events)]
+        added: list[protocol.GroupEvent] = []
+        if after.events is not before.events:
+            known = set(before.events)
+            added = [e for e in after.events if e not in known]
         for shard_id, new in after.shards.items():
             old = before.shards.get(shard_id)
             if old is None or old is new:

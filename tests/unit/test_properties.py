@@ -84,7 +84,8 @@ class World:
 
 
 def check_step(before: GroupState, after: GroupState, world: World) -> None:
-    added = [e for e in after.events if e not in set(before.events)]
+    known = set(before.events)
+    added = [e for e in after.events if e not in known]
     for sid, new in after.shards.items():
         old = before.shards[sid]
         moved = new.identity != old.identity or new.repositioned != old.repositioned
