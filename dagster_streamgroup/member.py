@@ -273,12 +273,13 @@ class GroupMember:
         in a deleted log, or one ahead of the state, is restored. After a carry-over, every shard's mirror is
         marked as ours. Best effort: a failure is a note, and the next tick looks again."""
         state = report.state
+        listed = set(view.shards)
         forward: dict[str, int] = {}
         restore: dict[str, int] = {}
         for shard_id, mark in self._watermarks.items():
             shard = state.shards.get(shard_id)
-            if shard is None or shard.committed is None or shard.owner != self.member_id:
-                continue
+            if shard is None or shard.committed is None or shard.owner != self.member_id or shard_id not in listed:
+                continue  # a partition that does not exist (a topic recreated with fewer) has no offset to keep
             mirrored = self._mirrors.get(shard_id)
             if mirrored is None:
                 forward[shard_id] = shard.committed
@@ -289,7 +290,8 @@ class GroupMember:
         if self._carried:
             scope = view.parts
             for shard_id, shard in state.shards.items():
-                if shard.committed is not None and protocol.in_scope(scope, shard_id) and shard_id not in forward:
+                carried = shard.committed is not None and protocol.in_scope(scope, shard_id) and shard_id in listed
+                if carried and shard.committed is not None and shard_id not in forward:
                     restore.setdefault(shard_id, shard.committed)
         notes = []
         for offsets, how in ((forward, False), (restore, True)):
