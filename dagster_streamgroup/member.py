@@ -206,7 +206,9 @@ class GroupMember:
         ]
         missing = [s for s in shard_ids if s not in self._watermarks]
         if missing:
-            mirrors = self.backend.group_offsets(self.group, missing)
+            watched = self.backend.watches_group_offsets
+            asked = [s for s in missing if watched or state.shards[s].committed is None]
+            mirrors = self.backend.group_offsets(self.group, asked) if asked else {}
             self._mirrors.update(mirrors)
             for shard_id, mark in self.backend.watermarks(missing).items():
                 identity = protocol.identity_of(view, shard_id)
@@ -280,6 +282,8 @@ class GroupMember:
             shard = state.shards.get(shard_id)
             if shard is None or shard.committed is None or shard.owner != self.member_id or shard_id not in listed:
                 continue  # a partition that does not exist (a topic recreated with fewer) has no offset to keep
+            if shard_id not in self._mirrors:
+                continue  # not asked (a backend that reads the group's offsets of unpositioned shards only)
             mirrored = self._mirrors.get(shard_id)
             if mirrored is None:
                 forward[shard_id] = shard.committed

@@ -143,6 +143,14 @@ class StreamBackend(Protocol):
         """The group's offsets as the stream records them, and whether this group's members wrote them."""
         ...
 
+    @property
+    def watches_group_offsets(self) -> bool:
+        """Whether a member reads the group's offsets of all its idle shards at every tick (to catch a reset made
+        around the group, and a mirror left behind), or only those of shards it has not positioned yet. Kafka: one
+        request for all of them, and an offset something else wrote can be told; v3io: a request per shard, and
+        the attribute is only ever the group's own."""
+        ...
+
     def commit(
         self,
         group: str,

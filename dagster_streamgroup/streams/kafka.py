@@ -691,6 +691,10 @@ class KafkaBackend:
                 out[shard] = Watermarks(lows[shard], highs[shard], written[shard] if held else None)
         return out
 
+    @property
+    def watches_group_offsets(self) -> bool:
+        return True
+
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
         """The group's offsets as Kafka stores them, whoever wrote them (``group_offsets`` says who)."""
         found = self.group_offsets(group, shards)

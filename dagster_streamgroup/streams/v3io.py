@@ -325,6 +325,10 @@ class V3ioBackend:
     def identities(self, shards: Sequence[str]) -> dict[str, str]:
         return {}
 
+    @property
+    def watches_group_offsets(self) -> bool:
+        return False
+
     def group_offsets(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
         """The shard attributes, always ours: the attribute's name is the group's, and a v3io-go group of the same
         name is refused before anything is read."""

@@ -261,6 +261,9 @@ def test_reset_moves_the_group_through_its_state_fences_the_run_in_flight_and_re
     backend = resource.backend()
     assert backend.committed(group, list(committed)) == {f"{topic}:0": 400, f"{topic}:1": ends[1]}
 
+    each = reset("--shard", f"{topic}:0=400", "--shard", f"{topic}:1={ends[1]}")
+    assert each.exit_code == 0 and each.output.count("(unchanged;") == 2, each.output
+
     back = reset("--shard", f"{topic}:1", "--to-offset", "10")
     assert back.exit_code == 0 and f"[10, {ends[1]}) read again" in back.output
     since = reset("--shard", f"{topic}:1", "--to-datetime", "1970-01-01T00:00:00")

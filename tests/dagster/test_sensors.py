@@ -323,7 +323,8 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         )
         assert committed.accepted  # ... and the run died before mirroring the offsets to Kafka
         shards = [f"{topic}:0", f"{topic}:1"]
-        assert resource.backend().committed(group, shards) == dict.fromkeys(shards)
+        # Kafka holds the starting offsets the first tick mirrored, not the commit
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 0)
         # Before the member looks, the shards take further commits (another run, whose record is not in yet):
         # the died run is no longer the last commit on either shard.
         produce_sample(kafka_bootstrap, topic, 2, 100)

@@ -323,3 +323,37 @@ def test_a_range_past_the_end_of_its_partition_names_that_end_not_retention(
     text = str(caught.value)
     assert f"{topic}:0" in text and f"ends at {end}" in text and "recreated" in text, text
     assert "retention" not in text, text
+
+
+def test_the_mirror_marks_its_offsets_and_leaves_an_offset_something_else_wrote_for_the_tick(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """The members' commits carry ``streamgroup:1:<topic id>`` in their metadata, and Kafka keeps it: the admin
+    client's ListConsumerGroupOffsets shows it as the consumer's OffsetFetch does (what ``group_offsets`` reads).
+    An offset committed without it (as Kafka's consumer-groups tool commits, and another application) is not
+    overwritten by a run's mirror, monotonic or not, so that the next tick sees it; ``restore`` writes over it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    from tests.reliability.test_lifecycle import reset_with_kafkas_tool, topic_id
+
+    topic = kafka_topics(1)
+    shard = f"{topic}:0"
+    produce_sample(kafka_bootstrap, topic, 1, 50)
+    backend = _backend(kafka_bootstrap, topic)
+    group = unique_name("g")
+    identity = topic_id(kafka_bootstrap, topic)
+    backend.commit(group, {shard: 20}, identities={shard: identity})
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+    [tp] = listed.topic_partitions
+    assert (tp.offset, tp.metadata) == (20, f"streamgroup:1:{identity}")
+    mirrored = backend.group_offsets(group, [shard])[shard]
+    assert mirrored is not None and mirrored.ours and mirrored.identity == identity and mirrored.offset == 20
+    reset_with_kafkas_tool(kafka_bootstrap, group, topic, "--to-offset", "5")
+    tool = backend.group_offsets(group, [shard])[shard]
+    assert tool is not None and (tool.offset, tool.ours) == (5, False), "the tool writes no marker"
+    assert backend.commit(group, {shard: 30}) == {shard: 5} and backend.committed(group, [shard]) == {shard: 5}
+    backend.commit(group, {shard: 30}, identities={shard: identity}, restore=True)
+    assert backend.group_offsets(group, [shard])[shard] == mirrored._replace(offset=30)
+    assert backend.commit(group, {shard: 40}, identities={shard: "another-topic-id"}) == {}, "a deleted log's offset"
+    assert backend.committed(group, [shard]) == {shard: 30}
