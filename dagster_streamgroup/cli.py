@@ -249,7 +249,7 @@ def status(group: str, definitions_path: Path | None, n_events: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from dagster_streamgroup.dagster.operator import load_state, missing_store, shard_rows
+    from dagster_streamgroup.dagster.operator import load_state, mirror_warnings, missing_store, shard_rows
     from dagster_streamgroup.redact import redact
 
     handle = _group(definitions_path, group)
@@ -295,6 +295,8 @@ def status(group: str, definitions_path: Path | None, n_events: int) -> None:
     console.print(shards)
     total = sum(r.lag for r in rows if r.lag is not None)
     console.print(f"total lag: {total} records")
+    for warning in mirror_warnings(resource, state):
+        console.print(f"WARNING {warning}")
     if state.dead_letters:
         letters = Table(title="dead letters (unresolved: `streamgroup resolve --group ...` once dealt with)")
         for column in ("at", "shard", "range", "reason"):
@@ -467,6 +469,75 @@ def _follow_backfill(dagster_url: str, backfill_id: str, poll_s: float = 2.0) ->
                 raise SystemExit(1)
             return
         time.sleep(poll_s)
+
+
+@main.command("reset")
+@_group_option
+@_definitions_option
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    metavar="SHARD[=OFFSET]",
+    help="A shard to move (repeat it; default: every shard the group consumes); SHARD=OFFSET moves it to OFFSET.",
+)
+@click.option("--to-earliest", "to", flag_value="earliest", help="To the first offset each log still holds.")
+@click.option("--to-latest", "to", flag_value="latest", help="To the end of each log (what waits is skipped).")
+@click.option("--to-datetime", "when", default=None, help="To the first record at/after this time (ISO 8601 or ms).")
+@click.option("--to-offset", "offset", type=int, default=None, help="To this offset (every --shard given).")
+@click.option("--dry-run", is_flag=True, help="Print where each shard would move, and what it skips or reads again.")
+def reset_command(
+    group: str,
+    definitions_path: Path,
+    shards: tuple[str, ...],
+    to: str | None,
+    when: str | None,
+    offset: int | None,
+    dry_run: bool,
+) -> None:
+    """Move the group's shards, the supported way: through the group state (one compare-and-set, an event per
+    shard, the ranges in flight fenced), then Kafka's group offsets. A reset made with Kafka's own
+    kafka-consumer-groups tool is refused by the members and restored."""
+    from dagster_streamgroup.dagster.operator import OperatorError, apply_reset, plan_reset
+
+    chosen = [s for s in (when is not None, offset is not None, to is not None) if s]
+    if len(chosen) > 1:
+        raise click.UsageError("give one of --to-earliest, --to-latest, --to-datetime, --to-offset")
+    named: list[str] = []
+    explicit: dict[str, int] = {}
+    for item in shards:
+        shard, sep, value = item.partition("=")
+        if not sep:
+            named.append(shard)
+        elif value.isdigit():
+            explicit[shard] = int(value)
+        else:
+            raise click.BadParameter(f"{item!r}: the offset after '=' must be an integer >= 0", param_hint="--shard")
+    how = "timestamp" if when is not None else "offset" if offset is not None else to
+    if how == "offset" and not named:
+        raise click.UsageError("--to-offset moves the shards named with --shard; name them")
+    handle = _group(definitions_path, group)
+    try:
+        moves = plan_reset(
+            handle.resource,
+            named,
+            how,
+            offsets=explicit,
+            offset=offset,
+            timestamp_ms=_timestamp_ms(when, "--to-datetime") if when is not None else None,
+        )
+        for move in moves:
+            was = "-" if move.committed is None else str(move.committed)
+            click.echo(f"{move.shard}: {was} -> {move.target} ({move.what}; the log holds [{move.low}, {move.high}))")
+        if dry_run:
+            click.echo(f"dry run: {len(moves)} shard(s) would move; nothing was changed")
+            return
+        _state, failed = apply_reset(handle.resource, moves)
+    except (OperatorError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"{len(moves)} shard(s) moved in the group state; ranges in flight on them are fenced")
+    if failed is not None:
+        click.echo(f"mirroring the new offsets failed (the members' ticks restore the mirror): {failed}", err=True)
 
 
 @main.command("resolve")

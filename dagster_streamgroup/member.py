@@ -8,9 +8,10 @@ next tick, so a sensor tick never runs long.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -19,7 +20,6 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, 
 from dagster_streamgroup import protocol
 from dagster_streamgroup.protocol import (
     CommitOutcome,
-    EventKind,
     FailOutcome,
     GroupEvent,
     GroupPolicy,
@@ -27,11 +27,12 @@ from dagster_streamgroup.protocol import (
     Launch,
     RangeReport,
     RunCommitOutcome,
+    StreamView,
     Watermark,
 )
 from dagster_streamgroup.stores import pause_hook
 from dagster_streamgroup.stores.base import StateStore, state_key
-from dagster_streamgroup.streams.base import StreamBackend, StreamError, Watermarks
+from dagster_streamgroup.streams.base import MirroredOffset, StreamBackend, StreamError, Watermarks
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ class TickReport:
     waiting_for_grace: bool = False
     now: float = 0.0
     """The store's time of the tick's write."""
+    notes: tuple[str, ...] = ()
+    """What the tick did around the state that its sensor should say (the mirror restored, or failing)."""
 
     @property
     def to_request(self) -> list[Launch]:
@@ -145,7 +148,9 @@ class TickReport:
             shard = self.state.shards[shard_id]
             mark = self.watermarks.get(shard_id)
             if mark is not None and shard.committed is not None:
-                out[shard_id] = max(0, max(mark.high, mark.uncommitted_high or 0) - shard.committed)
+                written = max(mark.high, mark.uncommitted_high or 0)
+                if written >= shard.committed:  # a log that ends below the offset has no lag to tell (see status)
+                    out[shard_id] = written - shard.committed
         return out
 
 
@@ -155,6 +160,18 @@ def _refused_without_state(reports: Sequence[RangeReport]) -> RunCommitOutcome:
         accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
     )
     return RunCommitOutcome(accepted=False, outcomes={r.shard: refused for r in reports})
+
+
+def _other_log(mirrored: MirroredOffset, identity: str | None) -> bool:
+    """Our mirror, written for a log that is not the shard's now (a late mirror landing on a recreated topic)."""
+    return mirrored.ours and mirrored.identity is not None and identity is not None and mirrored.identity != identity
+
+
+def mirror_identities(state: GroupState | None, shards: Iterable[str]) -> dict[str, str | None]:
+    """The identity of the log each shard's offsets count in, as ``state`` records it."""
+    if state is None:
+        return {}
+    return {s: shard.identity for s in shards if (shard := state.shards.get(s)) is not None}
 
 
 def _positioned(marks: Mapping[str, Watermarks]) -> dict[str, Watermark]:
@@ -173,40 +190,65 @@ class GroupMember:
     policy: GroupPolicy = field(default_factory=GroupPolicy)
     sleep: Callable[[float], None] = time.sleep
     _watermarks: dict[str, Watermark] = field(default_factory=dict, init=False, repr=False)
+    _mirrors: dict[str, MirroredOffset | None] = field(default_factory=dict, init=False, repr=False)
+    _carried: bool = field(default=False, init=False, repr=False)
 
     @property
     def key(self) -> str:
         return state_key(self.backend.stream_id, self.group)
 
-    def _fetch_watermarks(self, state: GroupState) -> dict[str, Watermark]:
-        """Watermarks of the shards ``plan`` may launch; for a shard not positioned yet, also the group's
-        offset as the stream records it. Fetched once per tick, whatever the CAS retries."""
-        shard_ids = protocol.owned_idle_shards(state, self.member_id)
+    def _fetch_watermarks(self, state: GroupState, view: StreamView) -> dict[str, Watermark]:
+        """Watermarks of the shards ``plan`` may launch, each with the group's offset as the stream records it
+        (where the seek policy would otherwise position a shard, and where a reset made around the group shows).
+        Fetched once per tick, whatever the CAS retries."""
+        shard_ids = [
+            s for s in protocol.owned_idle_shards(state, self.member_id) if protocol.part_of(s) not in view.missing
+        ]
         missing = [s for s in shard_ids if s not in self._watermarks]
         if missing:
-            unpositioned = [s for s in missing if state.shards[s].committed is None]
-            in_stream = self.backend.committed(self.group, unpositioned) if unpositioned else {}
+            watched = self.backend.watches_group_offsets
+            asked = [s for s in missing if watched or state.shards[s].committed is None]
+            mirrors = self.backend.group_offsets(self.group, asked) if asked else {}
+            self._mirrors.update(mirrors)
             for shard_id, mark in self.backend.watermarks(missing).items():
-                group_committed = in_stream.get(shard_id)
+                identity = protocol.identity_of(view, shard_id)
+                mirrored = mirrors.get(shard_id)
+                group_committed, foreign = None, False
+                if mirrored is not None and not _other_log(mirrored, identity):
+                    group_committed, foreign = mirrored.offset, not mirrored.ours
                 at_timestamp = None
                 timestamp = self.policy.seek_timestamp_ms
-                if shard_id in unpositioned and group_committed is None and timestamp is not None:
+                unpositioned = state.shards[shard_id].committed is None
+                if unpositioned and group_committed is None and timestamp is not None:
                     at_timestamp = self.backend.offset_for_time(shard_id, timestamp)
                 self._watermarks[shard_id] = Watermark(
                     low=mark.low,
                     high=mark.high,
                     group_committed=group_committed,
+                    mirror_foreign=foreign,
+                    identity=identity,
                     at_timestamp=at_timestamp,
                     uncommitted_high=mark.uncommitted_high,
                 )
         return {s: self._watermarks[s] for s in shard_ids if s in self._watermarks}
 
+    def view(self) -> StreamView:
+        """What the backend lists of the stream now, for the protocol."""
+        listing = self.backend.listing()
+        return StreamView(
+            shards=tuple(listing.shards),
+            parts=listing.parts,
+            identities=dict(listing.identities),
+            missing=listing.missing,
+        )
+
     def tick(self, recorded: Collection[str] = ()) -> TickReport:
-        """Heartbeat, evict, rebalance, and plan the next ranges, in one CAS write; the committed runs of
-        ``recorded`` (run keys) are confirmed recorded in the orchestrator in the same write."""
+        """Heartbeat, evict, follow the stream, rebalance, and plan the next ranges, in one CAS write; the committed
+        runs of ``recorded`` (run keys) are confirmed recorded in the orchestrator in the same write. Then the
+        mirror of the member's shards is brought to the state where it is not (``_mirror_upkeep``)."""
         self.backend.check_group(self.group)
-        shard_ids = self.backend.shards()
-        self._watermarks = {}
+        view = self.view()
+        self._watermarks, self._mirrors, self._carried = {}, {}, False
         before: dict[str, Any] = {}
 
         def transition(current: GroupState | None, now: float) -> tuple[GroupState, list[Launch]]:
@@ -214,41 +256,78 @@ class GroupMember:
             before["state"] = current
             before["now"] = now
             base = protocol.confirm_recorded(base, self.member_id, recorded)
-            state = protocol.membership_step(base, self.member_id, now, self.policy, shard_ids)
-            marks = self._fetch_watermarks(state)
+            state = protocol.membership_step(base, self.member_id, now, self.policy, view=view)
+            marks = self._fetch_watermarks(state, view)
             return protocol.plan(state, self.member_id, now, marks, self.policy)
 
         launches, stats = update_state(self.store, self.key, transition, sleep=self.sleep)
         assert stats.state is not None
         report = self._report(before.get("state"), stats.state, launches, stats, before.get("now", 0.0))
-        self._mirror_skipped(report)
-        return report
+        notes = self._mirror_upkeep(report, view)
+        return dataclasses.replace(report, notes=tuple(notes)) if notes else report
 
-    def _mirror_skipped(self, report: TickReport) -> None:
-        """A shard that skipped lost records (``on_data_loss="earliest"``) moved its committed offset without a
-        run: mirror it now, as a Kafka consumer commits after such a reset, or lag tools would show a backlog
-        of records that no longer exist until the shard's next commit. Best effort, as a run's mirror is."""
-        moved = {
-            e.shard: committed
-            for e in report.new_events
-            if e.kind == EventKind.DATA_LOSS
-            and e.shard in report.state.shards
-            and report.state.shards[e.shard].parked is None
-            and (committed := report.state.shards[e.shard].committed) is not None
-        }
-        if moved:
+    def _mirror_upkeep(self, report: TickReport, view: StreamView) -> list[str]:
+        """The stream's record of the group (Kafka's group offsets, what lag tools and a lost state's successor
+        read) brought to the state for the member's idle shards that the tick looked at: a shard the seek policy
+        just positioned is mirrored at once (a state lost before its first commit resumes there, not from the seek
+        policy again); a mirror behind (a run killed before its mirror, a skip past lost records) catches up; an
+        offset something else wrote (a reset with Kafka's tool, refused by the tick with an event) or that counts
+        in a deleted log, or one ahead of the state, is restored. After a carry-over, every shard's mirror is
+        marked as ours. Best effort: a failure is a note, and the next tick looks again."""
+        state = report.state
+        listed = set(view.shards)
+        forward: dict[str, int] = {}
+        restore: dict[str, int] = {}
+        for shard_id, mark in self._watermarks.items():
+            shard = state.shards.get(shard_id)
+            if shard is None or shard.committed is None or shard.owner != self.member_id or shard_id not in listed:
+                continue  # a partition that does not exist (a topic recreated with fewer) has no offset to keep
+            if shard_id not in self._mirrors:
+                continue  # not asked (a backend that reads the group's offsets of unpositioned shards only)
+            mirrored = self._mirrors.get(shard_id)
+            if mirrored is None:
+                forward[shard_id] = shard.committed
+            elif not mirrored.ours or _other_log(mirrored, mark.identity) or mirrored.offset > shard.committed:
+                restore[shard_id] = shard.committed
+            elif mirrored.offset < shard.committed:
+                forward[shard_id] = shard.committed
+        if self._carried:
+            scope = view.parts
+            for shard_id, shard in state.shards.items():
+                carried = shard.committed is not None and protocol.in_scope(scope, shard_id) and shard_id in listed
+                if carried and shard.committed is not None and shard_id not in forward:
+                    restore.setdefault(shard_id, shard.committed)
+        notes = []
+        for offsets, how in ((forward, False), (restore, True)):
+            if not offsets:
+                continue
             try:
-                self.backend.commit(self.group, moved)
-            except StreamError as exc:
-                log.warning("mirroring the offsets of %s after a retention skip failed: %s", sorted(moved), exc)
+                self.backend.commit(self.group, offsets, identities=mirror_identities(state, offsets), restore=how)
+            except (StreamError, ValueError) as exc:
+                log.warning("mirroring the offsets of %s failed (the next tick looks again): %s", sorted(offsets), exc)
+                notes.append(f"mirroring the offsets of {len(offsets)} shard(s) failed (the next tick looks again)")
+                continue
+            if how:
+                notes.append(f"restored the stream's record of the group's offsets of {', '.join(sorted(offsets))}")
+        return notes
 
     def _carried_over(self, now: float) -> GroupState:
-        """A new state, or the one an earlier version kept under the stream's old name, carried over once with
-        an event (the old object stays, untouched, for a rollback)."""
+        """A new state, or the one an earlier version kept under another key, carried over once with an event. The
+        old object is closed first (``protocol.closed``): a member of that version, which cannot read it any more,
+        stops rather than plan its shards beside ours."""
         for old_stream in self.backend.legacy_stream_ids:
-            found, _ = self.store.load(state_key(old_stream, self.group))
+            old_key = state_key(old_stream, self.group)
+
+            def close(current: GroupState | None, _now: float) -> tuple[GroupState | None, GroupState | None]:
+                if current is None:
+                    return None, None
+                return protocol.closed(current, self.key), current
+
+            found, _ = update_state(self.store, old_key, close, sleep=self.sleep)
             if found is not None:
-                return protocol.carry_over(found, self.backend.stream_id, old_stream, now)
+                self._carried = True
+                carried = protocol.carry_over(found, self.backend.stream_id, old_stream, now)
+                return carried.model_copy(update={"moved_to": None})
         return protocol.new_group(self.backend.stream_id, self.group, now)
 
     def _report(
@@ -288,41 +367,59 @@ class GroupMember:
 
     def commit(self, report: RangeReport) -> CommitOutcome:
         """The fenced commit of a finished range, then the monotonic mirror into the backend."""
-        outcome, _ = self.commit_state_only(report)
+        outcome, stats = self.commit_state_only(report)
         if outcome.accepted and not outcome.already_committed:
-            self.backend.commit(self.group, {report.shard: report.end})
+            self.mirror({report.shard: report.end}, stats.state)
         return outcome
 
     def commit_state_only(self, report: RangeReport) -> tuple[CommitOutcome, CasStats]:
+        identities = self._identities([report.shard])
+
         def transition(current: GroupState | None, _now: float) -> tuple[GroupState | None, CommitOutcome]:
             if current is None:
                 return None, CommitOutcome(
                     accepted=False, refusal=protocol.Refusal.UNKNOWN_SHARD, message="the group has no state yet"
                 )
-            return protocol.commit(current, report)
+            return protocol.commit(current, report, identities.get(report.shard))
 
         return update_state(self.store, self.key, transition, sleep=self.sleep)
 
     def commit_run(self, reports: Sequence[RangeReport]) -> RunCommitOutcome:
         """The fenced commit of every range of a finished run (all or none), then one mirror call."""
-        outcome, _ = self.commit_run_state_only(reports)
+        outcome, stats = self.commit_run_state_only(reports)
         fresh = {
             r.shard: r.end for r in reports if outcome.accepted and not outcome.outcomes[r.shard].already_committed
         }
         if fresh:
-            self.backend.commit(self.group, fresh)
+            self.mirror(fresh, stats.state)
         return outcome
+
+    def mirror(self, offsets: Mapping[str, int], state: GroupState | None) -> dict[str, int]:
+        """Committed offsets into the backend (monotonic), each marked with the identity of the log the state
+        says it counts in, so that none lands on a log recreated since."""
+        return self.backend.commit(self.group, offsets, identities=mirror_identities(state, offsets))
+
+    def _identities(self, shards: Sequence[str]) -> dict[str, str]:
+        """The identities of the shards' logs now, for a commit to compare with the state's: a run that read a
+        log recreated under its range is refused. Where the backend cannot answer, the commit goes on without
+        (the ticks still fence what they saw recreated), as a broker's trouble must not throw a run's work away."""
+        try:
+            return self.backend.identities(shards)
+        except StreamError as exc:
+            log.warning("reading the identities of %s failed; committing without comparing them: %s", shards, exc)
+            return {}
 
     def commit_run_state_only(
         self, reports: Sequence[RangeReport], dead: Mapping[str, DeadRecords] | None = None
     ) -> tuple[RunCommitOutcome, CasStats]:
         """The fenced commit of a run's ranges, with ``dead``: the records of some ranges that could not be decoded,
         recorded as dead letters in the same write."""
+        identities = self._identities([r.shard for r in reports])
 
         def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, RunCommitOutcome]:
             if current is None:
                 return None, _refused_without_state(reports)
-            state, outcome = protocol.commit_run(current, reports)
+            state, outcome = protocol.commit_run(current, reports, identities)
             return _with_dead_records(state, reports, outcome, dead, now), outcome
 
         return update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)
@@ -337,13 +434,16 @@ class GroupMember:
         ranges of its shards under its run key (``protocol.commit_and_carry_on``); ``marks``: the shards'
         watermarks read after the run processed its records."""
         watermarks = _positioned(marks)
+        identities = self._identities([r.shard for r in reports])
 
         def transition(
             current: GroupState | None, now: float
         ) -> tuple[GroupState | None, tuple[RunCommitOutcome, list[Launch]]]:
             if current is None:
                 return None, (_refused_without_state(reports), [])
-            state, outcome, launches = protocol.commit_and_carry_on(current, reports, now, watermarks, self.policy)
+            state, outcome, launches = protocol.commit_and_carry_on(
+                current, reports, now, watermarks, self.policy, identities
+            )
             return _with_dead_records(state, reports, outcome, dead, now), (outcome, launches)
 
         (outcome, launches), stats = update_state(self.store, self.key, transition, sleep=self.sleep, **RUN_CAS)

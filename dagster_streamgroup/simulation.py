@@ -3,8 +3,11 @@
 It drives the real protocol transitions through a simulated CAS store with read-to-write latency, so
 concurrent ticks really conflict and retry with full-jitter backoff, and it injects the faults the group
 must survive: crashes, pauses longer than the session timeout, explicit leaves, late joins, clock skew,
-failing and vanishing runs, zombie runs that outlive their member, retention trimming. After every
-successful write it checks the safety invariants; at the end of a quiet period, the balance invariant.
+failing and vanishing runs, zombie runs that outlive their member, retention trimming, and (``lifecycle``) the
+stream's own life: shards' logs recreated, parts of the stream missing for a while or taken off the members'
+lists and put back, and operators resetting shards and unparking them. After every successful write it checks
+the safety invariants (offsets move back only into a new log or by a reset, a new log is positioned at its
+start, ranges of an old position never commit); at the end of a quiet period, the balance invariant.
 The unit tests run it small; ``bench.convergence`` runs it at 200 members x 10,000 shards.
 """
 
@@ -62,6 +65,9 @@ class SimConfig:
     measure_deltas: bool = False
     """Encode every write as a ``StateDelta`` from the state before it, check it restores the state exactly, and
     keep its size next to the whole state's (what a store appending deltas would write)."""
+    lifecycle: bool = False
+    """Shards in two parts (``p0``, ``p1``), and the stream's life among the faults: logs recreated, a part missing
+    or off every member's list for a while, operator resets, and operators unparking what was parked."""
 
 
 @dataclass
@@ -129,15 +135,24 @@ class Simulation:
         self._seq = itertools.count()
         self.state: GroupState = protocol.new_group("sim", "g", 0.0)
         self.version = 0
-        shard_ids = [f"s{i:05d}" for i in range(config.shards)]
+        if config.lifecycle:
+            shard_ids = [f"p{i % 2}:{i:05d}" for i in range(config.shards)]
+        else:
+            shard_ids = [f"s{i:05d}" for i in range(config.shards)]
+        self.shard_ids = shard_ids
         self.state = protocol.sync_shards(self.state, shard_ids, 0.0)
+        self.incarnation: dict[str, int] = {}
+        self.born: dict[str, float] = {}
+        self.missing: set[str] = set()
+        self.off_list: set[str] = set()
         self.members = {f"m{i:03d}": _Member(f"m{i:03d}") for i in range(config.members)}
         self.runs: dict[tuple[str, str, tuple[int, ...]], _Run] = {}
         self.active: dict[tuple[str, str, tuple[int, ...]], _Run] = {}
         """Runs that may still commit (not finished, not vanished): what the single-writer check looks at."""
         self.violations: list[str] = []
-        self.coverage: dict[str, list[tuple[int, int, str]]] = {s: [] for s in shard_ids}
-        self.first_position: dict[str, int] = {}
+        self.coverage: dict[tuple[str, str | None, int], list[tuple[int, int, str]]] = {}
+        """Committed advances per (shard, log identity, reset epoch): contiguous from the first position."""
+        self.first_position: dict[tuple[str, str | None, int], int] = {}
         self.tick_ms: list[float] = []
         self.conflicts = 0
         self.giveups = 0
@@ -156,11 +171,29 @@ class Simulation:
 
     # -- stream ---------------------------------------------------------------------------------
 
-    def watermark(self, _shard: str, at: float) -> Watermark:
-        high = self.cfg.initial_backlog + int(self.cfg.produce_per_s * at)
+    def identity(self, shard: str) -> str | None:
+        return f"{shard}#{self.incarnation.get(shard, 0)}" if self.cfg.lifecycle else None
+
+    def watermark(self, shard: str, at: float) -> Watermark:
+        born = self.born.get(shard)
+        if born is None:
+            high = self.cfg.initial_backlog + int(self.cfg.produce_per_s * at)
+        else:  # a recreated log: its offsets count from its creation
+            high = int(self.cfg.produce_per_s * (at - born))
         retention = self.cfg.retention_records
         low = 0 if retention is None else max(0, high - retention)
-        return Watermark(low=low, high=high)
+        return Watermark(low=low, high=high, identity=self.identity(shard))
+
+    def view(self) -> protocol.StreamView | None:
+        """What a member's backend lists now (``lifecycle`` only): every member lists the same parts."""
+        if not self.cfg.lifecycle:
+            return None
+        return protocol.StreamView(
+            shards=tuple(s for s in self.shard_ids if protocol.part_of(s) not in self.missing),
+            parts=tuple(p for p in ("p0", "p1") if p not in self.off_list),
+            identities={s: f"{s}#{self.incarnation.get(s, 0)}" for s in self.shard_ids},
+            missing=frozenset(self.missing - self.off_list),
+        )
 
     # -- scheduling -----------------------------------------------------------------------------
 
@@ -234,6 +267,54 @@ class Simulation:
             late = _Member(f"late{i}")
             self.members[late.member_id] = late
             self.at(self.rng.uniform(0, horizon * 0.8), partial(self._tick, late))
+        if cfg.lifecycle:
+            self._schedule_lifecycle(horizon)
+
+    def _schedule_lifecycle(self, horizon: float) -> None:
+        """The stream's life: logs recreated, a part missing or off the list for a while, resets, and an operator
+        who unparks what is parked (so the quiet period can converge)."""
+        timeout = self.cfg.policy.session_timeout_s
+        for _ in range(self.rng.randint(1, 4)):
+            shard = self.rng.choice(self.shard_ids)
+            self.at(self.rng.uniform(0, horizon * 0.8), partial(self._recreate, shard))
+        for _ in range(self.rng.randint(0, 2)):
+            part, kind = self.rng.choice(["p0", "p1"]), self.rng.choice([self.missing, self.off_list])
+            start = self.rng.uniform(0, horizon * 0.7)
+            self.at(start, partial(kind.add, part))
+            self.at(start + self.rng.uniform(timeout * 0.2, timeout * 3), partial(kind.discard, part))
+        for _ in range(self.rng.randint(0, 3)):
+            self.at(self.rng.uniform(0, horizon * 0.8), self._operator_reset)
+        every = max(timeout, 10.0)
+        for i in range(int(horizon / every) + 2):
+            self.at(i * every + every / 2, self._operator_unpark)
+
+    def _recreate(self, shard: str) -> None:
+        self.incarnation[shard] = self.incarnation.get(shard, 0) + 1
+        self.born[shard] = self.now
+
+    def _operator_reset(self) -> None:
+        shard = self.rng.choice(self.shard_ids)
+        if protocol.part_of(shard) in self.missing:
+            return
+        mark = self.watermark(shard, self.now)
+        target = self.rng.randint(mark.low, max(mark.low, mark.high))
+        identity = self.identity(shard)
+
+        def transition(state: GroupState, now: float) -> tuple[GroupState, None]:
+            return protocol.reset(state, {shard: target}, now, {shard: identity} if identity else None), None
+
+        self._cas(transition, now_of=lambda: self.now, done=lambda _r: None)
+
+    def _operator_unpark(self) -> None:
+        """Resume every parked shard whose cause is gone (a park that cannot resume yet is left)."""
+
+        def transition(state: GroupState, now: float) -> tuple[GroupState, None]:
+            for shard_id, shard in state.shards.items():
+                if shard.parked is not None and protocol.part_of(shard_id) not in self.missing:
+                    state = protocol.unpark(state, shard_id, now)
+            return state, None
+
+        self._cas(transition, now_of=lambda: self.now, done=lambda _r: None)
 
     def _pause(self, member: _Member, length: float) -> None:
         member.paused_until = self.now + length
@@ -289,10 +370,17 @@ class Simulation:
                 state, _ = protocol.fail_run(state, reports, "run ended without reporting", now, self.cfg.policy)
             # A simulated run's record is written the moment it commits: the member confirms at once.
             state = protocol.confirm_recorded(state, member.member_id, list(state.unrecorded_runs))
-            state = protocol.membership_step(state, member.member_id, now, self.cfg.policy)
+            view = self.view()
+            state = protocol.membership_step(state, member.member_id, now, self.cfg.policy, view=view)
             wanted = protocol.owned_idle_shards(state, member.member_id)
-            marks = {sid: self.watermark(sid, self.now) for sid in wanted}
+            marks = {sid: self.watermark(sid, self.now) for sid in wanted if protocol.part_of(sid) not in self.missing}
+            before = {sid: state.shards[sid].committed for sid in marks}
             state, launches = protocol.plan(state, member.member_id, now, marks, self.cfg.policy)
+            for sid, committed in before.items():
+                shard = state.shards[sid]
+                positioned = committed is None and shard.committed is not None and shard.late
+                if self.cfg.lifecycle and positioned and shard.committed != marks[sid].low:
+                    self.violations.append(f"new log of {sid} positioned at {shard.committed}, not its start")
             self.tick_ms.append((time.thread_time() - started) * 1000)
             return state, launches
 
@@ -376,6 +464,13 @@ class Simulation:
                     self.committed_by.add((report.shard, report.run_key, report.member_id, report.epoch))
             elif not outcome.accepted:
                 self.refused += 1
+                # The run ends failed (its commit refused), and its member reports it, as the member sensor does
+                # for a run Dagster shows failed: its ranges still in flight under it (those a reset or a new log
+                # did not fence) are retried rather than held for good.
+                self._cas(refused, now_of=lambda: self.now, done=lambda _r: None)
+
+        def refused(state: GroupState, now: float) -> tuple[GroupState, Any]:
+            return protocol.fail_run(state, reports, "commit refused", now, self.cfg.policy)
 
         self._cas(committing, now_of=lambda: self.now, done=done)
 
@@ -463,16 +558,29 @@ class Simulation:
             self.violations.append(f"commit oracle: run {reports[0].run_key} accepted={outcome.accepted}, {verdicts}")
 
     def _check_step(self, before: GroupState, after: GroupState) -> None:
+        added: list[protocol.GroupEvent] = []
+        if after.events is not before.events:
+            known = set(before.events)
+            added = [e for e in after.events if e not in known]
         for shard_id, new in after.shards.items():
             old = before.shards.get(shard_id)
             if old is None or old is new:
                 continue
-            if old.committed is not None and (new.committed is None or new.committed < old.committed):
+            segment = (shard_id, new.identity, new.repositioned.epoch if new.repositioned else 0)
+            moved = new.identity != old.identity or new.repositioned != old.repositioned
+            recreated = old.identity is not None and old.committed is not None and new.identity != old.identity
+            named = any(e.kind == "recreated" and e.shard == shard_id and e.start == old.committed for e in added)
+            if recreated and not named:
+                self.violations.append(f"log of {shard_id} recreated without an event naming {old.committed}")
+            if recreated and new.committed is not None and new.repositioned == old.repositioned:
+                self.violations.append(f"offset {new.committed} of {shard_id} carried over into a new log")
+            backwards = new.committed is None or (old.committed is not None and new.committed < old.committed)
+            if old.committed is not None and backwards and not moved:
                 self.violations.append(f"offset moved backwards: {shard_id} {old.committed} -> {new.committed}")
-            if old.committed is None and new.committed is not None:
-                self.first_position[shard_id] = new.committed
+            if new.committed is not None and (old.committed is None or moved):
+                self.first_position[segment] = new.committed
             elif old.committed is not None and new.committed is not None and new.committed > old.committed:
-                self.coverage[shard_id].append((old.committed, new.committed, "advance"))
+                self.coverage.setdefault(segment, []).append((old.committed, new.committed, "advance"))
             if old.inflight is not None and new.inflight == old.inflight and new.owner != old.owner:
                 self.violations.append(f"shard with a range in flight changed owner: {shard_id}")
             if new.owner != old.owner and new.epoch <= old.epoch:
@@ -502,12 +610,12 @@ class Simulation:
                 self.violations.append(f"double-owner: {count} runs of {shard_id} can commit")
 
     def _check_coverage(self) -> None:
-        for shard_id, spans in self.coverage.items():
-            cursor = self.first_position.get(shard_id)
+        for segment, spans in self.coverage.items():
+            cursor = self.first_position.get(segment)
             for start, end, _ in spans:
                 if cursor is not None and start != cursor:
                     self.violations.append(
-                        f"committed ranges of {shard_id} not contiguous at {start} (expected {cursor})"
+                        f"committed ranges of {segment[0]} not contiguous at {start} (expected {cursor})"
                     )
                 cursor = end
 
@@ -552,6 +660,7 @@ def random_scenario(seed: int) -> SimConfig:
         max_attempts=rng.choice([1, 2, 3]),
         after_max_attempts=rng.choice(["park", "dead_letter"]),
         on_data_loss=rng.choice(["fail", "earliest"]),
+        on_recreated=rng.choice(["park", "earliest"]),
         seek=rng.choice(["earliest", "latest"]),
         run_mode=rng.choice(["member", "member", "shard"]),
         min_backlog=rng.choice([1, 100]),
@@ -579,4 +688,5 @@ def random_scenario(seed: int) -> SimConfig:
         faults=True,
         max_skew_s=rng.choice([0.0, 2.0]),
         cold_start=rng.random() < 0.5,
+        lifecycle=rng.random() < 0.5,
     )

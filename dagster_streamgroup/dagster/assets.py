@@ -588,7 +588,7 @@ def _commit(
         fresh = {r.shard: r.end for r in reports if r.shard not in already}
         if fresh:
             try:
-                resource.backend().commit(resource.group, fresh)
+                member.mirror(fresh, stats.state)
             except StreamError as exc:
                 # The group state holds the commit; the next commit mirrors a later offset.
                 mirrored = False

@@ -24,7 +24,7 @@ from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.dagster.assets import backfill_asset_of
 from dagster_streamgroup.dagster.range_index import record_committed_ranges
 from dagster_streamgroup.dagster.resources import StreamGroupResource
-from dagster_streamgroup.member import update_state
+from dagster_streamgroup.member import mirror_identities, update_state
 from dagster_streamgroup.protocol import GroupState
 from dagster_streamgroup.protocol.backfill import BackfillPlan
 from dagster_streamgroup.stores.sql import sqlite_file
@@ -107,6 +107,12 @@ def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[Shard
         waits = ""
         if mark is not None and mark.uncommitted_high is not None and mark.held_by_open_transaction:
             waits = open_transaction_text(mark.high, mark.uncommitted_high)
+        if end is not None and shard.committed is not None and end < shard.committed:
+            lag = None  # no lag to tell: the log ends below the offset
+            waits = (
+                f"the stream ends at {end}, below the committed offset {shard.committed}: recreated or truncated "
+                "(parked after a session timeout)"
+            )
         if shard.lease is not None:
             held = "holds it" if shard.lease.granted_at is not None else "waits for its range in flight"
             waits = "; ".join(filter(None, [waits, f"backfill run {shard.lease.holder} {held}"]))
@@ -120,6 +126,8 @@ def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[Shard
         owner = shard.owner or "-"
         if shard.owner is not None and shard.owner not in state.members:
             owner += " (left)"
+        if shard.removed:
+            owner += " (topic removed)"
         rows.append(ShardRow(sid, owner, shard.epoch, shard.committed, high, lag, inflight, parked, waits))
     return rows
 
@@ -150,7 +158,8 @@ def unpark(resource: StreamGroupResource, shard: str, *, skip: bool) -> bool:
     committed = None if stats.state is None or shard not in stats.state.shards else stats.state.shards[shard].committed
     if changed and skip and committed is not None:
         with contextlib.suppress(StreamError):  # best effort: the shard's next commit mirrors it anyway
-            resource.backend().commit(resource.group, {shard: committed})
+            offsets = {shard: committed}
+            resource.backend().commit(resource.group, offsets, identities=mirror_identities(stats.state, offsets))
     return changed
 
 
@@ -375,3 +384,129 @@ def prune_legacy_partitions(instance: dg.DagsterInstance, group: str, *, dry_run
         for key in keys:
             instance.delete_dynamic_partition(name, key)
     return len(keys)
+
+
+@dataclass(frozen=True)
+class ResetMove:
+    """One shard of a ``streamgroup reset``: where it is, where it goes, and what its log holds."""
+
+    shard: str
+    committed: int | None
+    target: int
+    low: int
+    high: int
+
+    @property
+    def what(self) -> str:
+        if self.committed is None:
+            return f"positioned at {self.target}"
+        if self.target > self.committed:
+            return f"[{self.committed}, {self.target}) skipped"
+        if self.target < self.committed:
+            return f"[{self.target}, {self.committed}) read again"
+        return "unchanged"
+
+
+def plan_reset(
+    resource: StreamGroupResource,
+    shards: Sequence[str],
+    to: str | None,
+    *,
+    offsets: Mapping[str, int] | None = None,
+    offset: int | None = None,
+    timestamp_ms: int | None = None,
+) -> list[ResetMove]:
+    """Where ``streamgroup reset`` moves each shard (nothing is written): ``to`` is ``earliest``, ``latest``,
+    ``timestamp`` (the first record at or after ``timestamp_ms``) or ``offset`` (``offset``), for ``shards`` (all
+    the group consumes when empty); ``offsets`` gives a shard its own offset. Every target is checked against the
+    shard's log now: an offset retention deleted, or past the end, is refused naming it."""
+    state = load_state(resource)
+    if state is None:
+        raise OperatorError(
+            f"--group: group {resource.group!r} has no state yet: nothing to reset (its members start from the "
+            "seek policy, or from the group's offsets in the stream)"
+        )
+    explicit = dict(offsets or {})
+    chosen = list(dict.fromkeys([*shards, *explicit]))
+    backend = resource.backend()
+    if not chosen:
+        listed = backend.listing()
+        chosen = [s for s in state.shards if s in listed.shards and not state.shards[s].removed]
+    unknown = [s for s in chosen if s not in state.shards]
+    if unknown:
+        raise OperatorError(f"--shard: {', '.join(unknown)} not a shard of group {resource.group!r}")
+    if to is None and set(explicit) != set(chosen):
+        raise OperatorError(
+            "say where to: --to-earliest, --to-latest, --to-datetime, --to-offset, or --shard SHARD=OFFSET"
+        )
+    marks = backend.watermarks(chosen)
+    gone = [s for s in chosen if s not in marks]
+    if gone:
+        raise OperatorError(f"--shard: the topic of {', '.join(gone)} does not exist")
+    moves = []
+    for shard in chosen:
+        mark = marks[shard]
+        if shard in explicit:
+            target, option = explicit[shard], f"--shard {shard}={explicit[shard]}"
+        elif to == "earliest":
+            target, option = mark.low, "--to-earliest"
+        elif to == "latest":
+            target, option = mark.high, "--to-latest"
+        elif to == "timestamp":
+            assert timestamp_ms is not None
+            target, option = backend.offset_for_time(shard, timestamp_ms), "--to-datetime"
+        else:
+            assert offset is not None
+            target, option = offset, "--to-offset"
+        if target < mark.low:
+            raise OperatorError(
+                f"{option}: offset {target} of {shard} is out of retention (its log starts at {mark.low})"
+            )
+        if target > mark.high:
+            raise OperatorError(f"{option}: offset {target} of {shard} is past its end ({mark.high})")
+        moves.append(ResetMove(shard, state.shards[shard].committed, target, mark.low, mark.high))
+    return moves
+
+
+def apply_reset(resource: StreamGroupResource, moves: Sequence[ResetMove]) -> tuple[GroupState, str | None]:
+    """Move the shards through the group state (one compare-and-set: an event per shard, the ranges in flight
+    fenced), then restore the stream's record of the group's offsets to them. Returns the state written and, if
+    the mirror failed, why (the members' ticks restore it then)."""
+    targets = {m.shard: m.target for m in moves}
+    backend = resource.backend()
+    identities = backend.identities(list(targets))
+
+    def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, None]:
+        if current is None:
+            raise OperatorError(f"--group: group {resource.group!r} has no state")
+        return protocol.reset(current, targets, now, identities, who="an operator (streamgroup reset)"), None
+
+    _, stats = update_state(resource.store(), resource.state_key(), transition)
+    assert stats.state is not None
+    try:
+        backend.commit(resource.group, targets, identities=mirror_identities(stats.state, targets), restore=True)
+    except StreamError as exc:
+        return stats.state, str(exc)
+    return stats.state, None
+
+
+def mirror_warnings(resource: StreamGroupResource, state: GroupState) -> list[str]:
+    """What ``streamgroup status`` warns of: offsets in the stream's record of the group that something other than
+    the members wrote (a reset made with Kafka's tool), which the next member tick refuses and restores."""
+    backend = resource.backend()
+    try:
+        listed = set(backend.listing().shards)
+        found = backend.group_offsets(resource.group, [s for s in state.shards if s in listed])
+    except StreamError as exc:
+        return [f"the group's offsets in the stream could not be read: {exc}"]
+    warnings = []
+    for shard, mirrored in found.items():
+        committed = state.shards[shard].committed
+        if mirrored is None or mirrored.ours or mirrored.offset == committed:
+            continue
+        warnings.append(
+            f"{shard}: the stream's record of the group's offset is {mirrored.offset}, set by something other than "
+            f"this group's members (kafka-consumer-groups --reset-offsets?); the group goes on from {committed} and "
+            "its next tick refuses and restores it. Move the group with `streamgroup reset`."
+        )
+    return warnings

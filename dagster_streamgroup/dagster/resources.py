@@ -203,6 +203,11 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
     on_data_loss: str = Field(
         default="fail", description="Offsets lost to retention: park the shard, or skip to the earliest offset."
     )
+    on_recreated: str = Field(
+        default="park",
+        description="A shard's log deleted and created again (a Kafka topic recreated): park the shard until an "
+        "operator resumes it, or read the new log from its first record (earliest). An event either way.",
+    )
     spark_split_records: int = Field(
         default=50_000, description="Records per Spark partition when a range is read (large ranges are split)."
     )

@@ -42,7 +42,7 @@ from dagster_streamgroup.dagster.resources import (
     StreamGroupResource,
 )
 from dagster_streamgroup.launcher.worker import RunWorker
-from dagster_streamgroup.member import GroupMember, TickReport, update_state
+from dagster_streamgroup.member import GroupMember, TickReport, mirror_identities, update_state
 from dagster_streamgroup.patches import migrations, resource_schema, schema_checks, sqlite_engines
 from dagster_streamgroup.protocol import EventKind, GroupState, Launch
 from dagster_streamgroup.stores.base import StoreUnavailableError
@@ -220,6 +220,7 @@ def evaluate_member_tick(
     events: list[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckEvaluation] = [*checked]
     events += _group_event_observations(target, report, before)
     events += repairs
+    notes += list(report.notes)
     notes += _mirror_repaired(resource, report.state, repairs)
     notes += _keep_mirror_alive(resource, report, cursor)
     summary = _summary(report, notes, time.monotonic() - started)
@@ -703,7 +704,7 @@ def _mirror_repaired(
     if not offsets:
         return []
     try:
-        resource.backend().commit(resource.group, offsets)
+        resource.backend().commit(resource.group, offsets, identities=mirror_identities(state, offsets))
     except StreamError as exc:
         return [f"mirroring the offsets of repaired ranges failed (the next commit mirrors later ones): {exc}"]
     return [f"mirrored the offsets of {len(offsets)} repaired range(s)"]
@@ -711,25 +712,26 @@ def _mirror_repaired(
 
 def _keep_mirror_alive(resource: StreamGroupResource, report: TickReport, cursor: _Cursor) -> list[str]:
     """Every ``mirror_keep_alive_s``, the mirrored offsets of this member's shards are committed again, so
-    Kafka's offset expiry never takes an idle partition's (the next tick tries again after a failure)."""
+    Kafka's offset expiry never takes an idle partition's. A failure is tried again after the same interval, not
+    at every tick (each tick would log it, and Kafka keeps an offset for days: ``offsets.retention.minutes``)."""
     now = time.time()
     if not cursor.mirror_kept_at:  # a member's first tick: its runs mirror what they commit
         cursor.mirror_kept_at = now
         return []
     if now - cursor.mirror_kept_at < resource.mirror_keep_alive_s:
         return []
+    cursor.mirror_kept_at = now
     offsets = {
         sid: shard.committed
         for sid, shard in report.state.shards.items()
-        if sid in report.owned and shard.committed is not None
+        if sid in report.owned and shard.committed is not None and not shard.removed
     }
     if not offsets:
         return []
     try:
-        resource.backend().keep_alive(resource.group, offsets)
+        resource.backend().keep_alive(resource.group, offsets, mirror_identities(report.state, offsets))
     except StreamError as exc:
-        return [f"keeping the mirrored offsets alive failed (the next tick tries again): {exc}"]
-    cursor.mirror_kept_at = now
+        return [f"keeping the mirrored offsets alive failed (tried again in {resource.mirror_keep_alive_s:g} s): {exc}"]
     return [f"mirrored offsets of {len(offsets)} shard(s) committed again"]
 
 
@@ -743,6 +745,12 @@ OBSERVED_EVENTS = frozenset(
         EventKind.EVICTED,
         EventKind.CARRIED_OVER,
         EventKind.LAUNCH_FAILING,
+        EventKind.RECREATED,
+        EventKind.MISSING,
+        EventKind.REMOVED,
+        EventKind.RESET,
+        EventKind.RESET_REFUSED,
+        EventKind.ADOPTED,
     }
 )
 

@@ -10,10 +10,16 @@ Quotas: N assignable shards over R live members, ``N // R`` each, and the ``N % 
 members that already own the most (ties by id), which keeps movement minimal and the result deterministic.
 A member assigns only after its join grace, so members that start together all register first and the
 first one does not take everything (the greedy first reader of Pravega / Flink connectors #15).
+
+A member is handed only shards of the parts of the stream it consumes (``Member.scope``), and gives up, at a safe
+point, an owned shard of a part it no longer lists; shards of a part nobody lists (``removed``) are not assigned.
+While deployments disagree about the list (a rolling change) the quotas count every member alike, so the balance
+is approximate until they agree; no shard is ever handed to a member that would not read it.
 """
 
 from __future__ import annotations
 
+from dagster_streamgroup.protocol.lifecycle import in_scope
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import GroupState, ShardState, handed_over
 
@@ -24,7 +30,7 @@ def is_draining(state: GroupState, shard: ShardState) -> bool:
 
 
 def is_assignable(state: GroupState, shard: ShardState) -> bool:
-    return not is_draining(state, shard)
+    return not is_draining(state, shard) and not shard.removed
 
 
 def quotas(state: GroupState) -> dict[str, int]:
@@ -36,14 +42,21 @@ def quotas(state: GroupState) -> dict[str, int]:
 
 
 def _ownership(state: GroupState) -> tuple[dict[str, list[str]], list[str]]:
-    """Assignable shards per live member, and the assignable shards nobody live owns (one pass)."""
+    """Assignable shards per live member, and the assignable shards nobody live owns, or whose owner no longer
+    consumes their part and has nothing in flight on them (one pass)."""
     members = state.members
+    scopes = {mid: m.scope for mid, m in members.items() if m.scope is not None}
     owned: dict[str, list[str]] = {mid: [] for mid in members}
     free: list[str] = []
     for shard_id, shard in state.shards.items():
+        if shard.removed:
+            continue
         owner = shard.owner
         if owner in owned:
-            owned[owner].append(shard_id)
+            if owner in scopes and shard.inflight is None and not in_scope(scopes[owner], shard_id):
+                free.append(shard_id)
+            else:
+                owned[owner].append(shard_id)
         elif owner is None or shard.inflight is None:
             free.append(shard_id)
     return owned, free
@@ -93,24 +106,73 @@ def rebalance(state: GroupState, member_id: str, now: float, policy: GroupPolicy
     shards = dict(state.shards)
     position = {shard_id: i for i, shard_id in enumerate(state.shards)}
     pool.sort(key=position.__getitem__)
-    cursor = 0
-    for deficit, mid in deficits:
-        for shard_id in pool[cursor : cursor + deficit]:
-            shard = shards[shard_id]
-            shards[shard_id] = handed_over(shard, mid, backlog_since=None)
-        cursor += deficit
-        if cursor >= len(pool):
-            break
-    for shard_id in pool[cursor:]:
+    if any(state.members[mid].scope is not None for _deficit, mid in deficits):
+        left = _hand_out_in_scope(state, shards, pool, deficits)
+    else:
+        cursor = 0
+        for deficit, mid in deficits:
+            for shard_id in pool[cursor : cursor + deficit]:
+                shard = shards[shard_id]
+                shards[shard_id] = handed_over(shard, mid, backlog_since=None)
+            cursor += deficit
+            if cursor >= len(pool):
+                break
+        left = pool[cursor:]
+    for shard_id in left:
         shard = shards[shard_id]
         if shard.owner is not None:
             shards[shard_id] = handed_over(shard, None, backlog_since=None)
     return state.model_copy(update={"shards": shards})
 
 
+def _hand_out_in_scope(
+    state: GroupState, shards: dict[str, ShardState], pool: list[str], deficits: list[tuple[int, str]]
+) -> list[str]:
+    """The pool handed to the members under quota, each taking only shards of the parts it consumes. What none of
+    them can take stays with its owner where that owner consumes its part, or goes to the member with the fewest
+    shards that does: while members disagree about the parts, every shard some member consumes keeps being read
+    (a quota met at the price of a shard nobody reads would be no balance). Returns what no member consumes."""
+    counts: dict[str, int] = dict.fromkeys(state.members, 0)
+    for shard_id, shard in state.shards.items():
+        if shard.owner in counts and shard_id not in pool:
+            counts[shard.owner] += 1
+    left = list(pool)
+    for deficit, mid in deficits:
+        scope = state.members[mid].scope
+        taken = [s for s in left if in_scope(scope, s)][:deficit]
+        for shard_id in taken:
+            shard = shards[shard_id]
+            if shard.owner != mid:
+                shards[shard_id] = handed_over(shard, mid, backlog_since=None)
+            counts[mid] += 1
+        gone = set(taken)
+        left = [s for s in left if s not in gone]
+    nobody: list[str] = []
+    for shard_id in left:
+        shard = shards[shard_id]
+        owner = shard.owner
+        if owner in state.members and in_scope(state.members[owner].scope, shard_id):
+            counts[owner] += 1
+            continue
+        takers = [mid for mid, m in state.members.items() if in_scope(m.scope, shard_id)]
+        if not takers:
+            nobody.append(shard_id)
+            continue
+        taker = min(takers, key=lambda mid: (counts[mid], mid))
+        shards[shard_id] = handed_over(shard, taker, backlog_since=None)
+        counts[taker] += 1
+    return nobody
+
+
 def _normalise_free(state: GroupState, pool: list[str]) -> GroupState:
-    """Shards left by departed members with nothing in flight: owner cleared (epoch bumped) once."""
-    stale = [s for s in pool if state.shards[s].owner is not None and state.shards[s].owner not in state.members]
+    """Shards left by departed members with nothing in flight, or owned by a member that no longer consumes their
+    part: owner cleared (epoch bumped) once."""
+    stale = [
+        s
+        for s in pool
+        if (owner := state.shards[s].owner) is not None
+        and (owner not in state.members or not in_scope(state.members[owner].scope, s))
+    ]
     if not stale:
         return state
     shards = dict(state.shards)

@@ -30,10 +30,12 @@ def commit_and_carry_on(
     now: float,
     watermarks: Mapping[str, Watermark],
     policy: GroupPolicy,
+    identities: Mapping[str, str] | None = None,
 ) -> tuple[GroupState, RunCommitOutcome, list[Launch]]:
     """Commit ``reports`` (all or none, as ``commit_run``), then plan the next range of each of their shards
-    (``carry_on``). ``watermarks``: the shards' watermarks, read after the run's records were processed."""
-    state, outcome = commit_run(state, reports)
+    (``carry_on``). ``watermarks``: the shards' watermarks, read after the run's records were processed;
+    ``identities``: their logs' identities now (see ``commit``)."""
+    state, outcome = commit_run(state, reports, identities)
     if not outcome.accepted or not reports:
         return state, outcome, []
     carried = _already_carried(state, reports)

@@ -11,7 +11,7 @@ none (``commit_run``), each range checked on its own.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -62,6 +62,10 @@ class Refusal(StrEnum):
     OWNERSHIP_MOVED = "ownership_moved"
     NOT_IN_FLIGHT = "not_in_flight"
     WRONG_START = "wrong_start"
+    RECREATED = "recreated"
+    """The shard's log was deleted and created again since the range was planned: its offsets are the old log's."""
+    RESET = "reset"
+    """An operator moved the shard since the range was planned (``streamgroup reset``)."""
 
 
 class CommitOutcome(BaseModel):
@@ -82,7 +86,9 @@ def _leave_if_departed(state: GroupState, shard: ShardState) -> ShardState:
     return shard
 
 
-def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOutcome]:
+def commit(state: GroupState, report: RangeReport, identity: str | None = None) -> tuple[GroupState, CommitOutcome]:
+    """``identity``: the identity of the shard's log now, looked up after the run read its records, where the
+    backend has one: a run that read a log recreated under its range is refused, even before any tick saw it."""
     shard = state.shards.get(report.shard)
     if shard is None:
         return state, CommitOutcome(
@@ -114,6 +120,20 @@ def commit(state: GroupState, report: RangeReport) -> tuple[GroupState, CommitOu
             message=message,
         )
 
+    moved = shard.repositioned
+    if moved is not None and report.epoch < moved.epoch:
+        how = "deleted and created again" if moved.cause == "recreated" else "reset by an operator"
+        return refuse(
+            Refusal.RECREATED if moved.cause == "recreated" else Refusal.RESET,
+            f"shard {report.shard}: its log was {how} after the range [{report.start}, {report.end}) was planned "
+            f"(epoch {report.epoch}, now {shard.epoch}); the range's offsets are not the shard's any more",
+        )
+    if identity is not None and shard.identity is not None and identity != shard.identity:
+        return refuse(
+            Refusal.RECREATED,
+            f"shard {report.shard}: its log is not the one the range [{report.start}, {report.end}) was planned over "
+            f"(identity {shard.identity}, now {identity}: deleted and created again); nothing of it is committed",
+        )
     if shard.owner != report.member_id or shard.epoch != report.epoch:
         return refuse(
             Refusal.OWNERSHIP_MOVED,
@@ -255,9 +275,12 @@ class RunCommitOutcome(BaseModel):
         return "; ".join(o.message for o in refused.values())
 
 
-def commit_run(state: GroupState, reports: Sequence[RangeReport]) -> tuple[GroupState, RunCommitOutcome]:
+def commit_run(
+    state: GroupState, reports: Sequence[RangeReport], identities: Mapping[str, str] | None = None
+) -> tuple[GroupState, RunCommitOutcome]:
     """Commit every range of one run, or none: a run's output covers all its ranges, so committing part of it
-    would leave the rest to be processed again by a run that also redoes what was committed."""
+    would leave the rest to be processed again by a run that also redoes what was committed. ``identities``: the
+    current identity of each shard's log, where known (see ``commit``)."""
     if len({r.shard for r in reports}) != len(reports):
         raise ValueError("a run holds at most one range per shard")
     if len({r.run_key for r in reports}) > 1:
@@ -265,7 +288,7 @@ def commit_run(state: GroupState, reports: Sequence[RangeReport]) -> tuple[Group
     outcomes: dict[str, CommitOutcome] = {}
     new_state = state
     for report in reports:
-        new_state, outcome = commit(new_state, report)
+        new_state, outcome = commit(new_state, report, (identities or {}).get(report.shard))
         outcomes[report.shard] = outcome
     if all(o.accepted for o in outcomes.values()):
         return new_state, RunCommitOutcome(accepted=True, outcomes=outcomes)
@@ -306,7 +329,7 @@ def fail(
         return state.model_copy(update={"shards": {**state.shards, report.shard: updated}}), FailOutcome.RETRY
     detail = f"run {report.run_key} failed {attempts} time(s); last error: {reason}"
     if policy.after_max_attempts == "park":
-        parked = Parked(start=report.start, end=report.end, reason=detail, at=now)
+        parked = Parked(start=report.start, end=report.end, reason=detail, at=now, cause="retries")
         updated = evolve(base, attempt=attempts, parked=parked)
         kind, outcome = EventKind.PARKED, FailOutcome.PARKED
     else:
@@ -340,7 +363,13 @@ def unpark(state: GroupState, shard_id: str, now: float, *, skip: bool = False) 
     if shard is None or shard.parked is None:
         return state
     parked = shard.parked
-    update: dict[str, object] = {"parked": None, "attempt": 0, "epoch": shard.epoch + 1, "ahead_since": None}
+    update: dict[str, object] = {
+        "parked": None,
+        "attempt": 0,
+        "epoch": shard.epoch + 1,
+        "ahead_since": None,
+        "missing_since": None,
+    }
     # Skipping gives up the parked range, which starts at the committed offset (a failed range, offsets lost
     # to retention). A shard parked because the stream ends below offsets it has seen has no such range:
     # it is only resumed, and its offsets never move back.

@@ -40,6 +40,8 @@ class StateDelta(BaseModel):
     unrecorded_set: dict[str, UnrecordedRun] = Field(default_factory=dict)
     unrecorded_removed: tuple[str, ...] = ()
     schema_version: int | None = None
+    moved_to: str | None = None
+    """Set when the state was closed, carried over to another key (``GroupState.moved_to``)."""
 
     @property
     def is_empty(self) -> bool:
@@ -53,6 +55,7 @@ class StateDelta(BaseModel):
             or self.unrecorded_set
             or self.unrecorded_removed
             or self.schema_version is not None
+            or self.moved_to is not None
         )
 
 
@@ -60,6 +63,8 @@ def diff(old: GroupState, new: GroupState) -> StateDelta:
     """The delta that turns ``old`` into ``new`` (two states of the same group)."""
     if (old.stream, old.group, old.created_at) != (new.stream, new.group, new.created_at):
         raise ValueError("a delta joins two states of one group")
+    if old.moved_to is not None and new.moved_to != old.moved_to:
+        raise ValueError("a state closed by its carry-over is never opened again")
     members_set = {mid: m for mid, m in new.members.items() if (was := old.members.get(mid)) is not m and was != m}
     members_removed = tuple(sorted(mid for mid in old.members if mid not in new.members))
     shards_set = {sid: s for sid, s in new.shards.items() if (had := old.shards.get(sid)) is not s and had != s}
@@ -83,6 +88,7 @@ def diff(old: GroupState, new: GroupState) -> StateDelta:
         },
         unrecorded_removed=tuple(sorted(k for k in old.unrecorded_runs if k not in new.unrecorded_runs)),
         schema_version=None if new.schema_version == old.schema_version else new.schema_version,
+        moved_to=None if new.moved_to == old.moved_to else new.moved_to,
     )
 
 
@@ -130,6 +136,8 @@ def apply(state: GroupState, delta: StateDelta) -> GroupState:
         update["unrecorded_runs"] = unrecorded
     if delta.schema_version is not None:
         update["schema_version"] = delta.schema_version
+    if delta.moved_to is not None:
+        update["moved_to"] = delta.moved_to
     return state.model_copy(update=update)
 
 

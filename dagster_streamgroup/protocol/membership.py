@@ -26,16 +26,34 @@ def add_events(state: GroupState, *events: GroupEvent) -> GroupState:
     return state.model_copy(update={"events": (*state.events, *events)[-MAX_EVENTS:]})
 
 
-def heartbeat(state: GroupState, member_id: str, now: float, liveness_timeout_s: float = float("inf")) -> GroupState:
-    """Join, or refresh the heartbeat. A heartbeat never moves back, whatever a skewed caller says."""
+_KEEP = object()
+
+
+def heartbeat(
+    state: GroupState,
+    member_id: str,
+    now: float,
+    liveness_timeout_s: float = float("inf"),
+    scope: tuple[str, ...] | object | None = _KEEP,
+) -> GroupState:
+    """Join, or refresh the heartbeat (and the parts of the stream the member consumes, ``scope``, when given). A
+    heartbeat never moves back, whatever a skewed caller says."""
     member = state.members.get(member_id)
     if member is None:
-        members = {**state.members, member_id: Member(member_id=member_id, joined=now, heartbeat=now)}
+        joined = Member(member_id=member_id, joined=now, heartbeat=now)
+        if scope is not _KEEP:
+            joined = evolve(joined, scope=scope)
+        members = {**state.members, member_id: joined}
         shards = _reclaim_draining(state, member_id, now, liveness_timeout_s)
         return state.model_copy(update={"members": members, "shards": shards})
-    if now <= member.heartbeat:
+    changes: dict[str, object] = {}
+    if now > member.heartbeat:
+        changes["heartbeat"] = now
+    if scope is not _KEEP and scope != member.scope:
+        changes["scope"] = scope
+    if not changes:
         return state
-    members = {**state.members, member_id: evolve(member, heartbeat=now)}
+    members = {**state.members, member_id: evolve(member, **changes)}
     return state.model_copy(update={"members": members})
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from dagster_streamgroup.protocol.lifecycle import in_scope
 from dagster_streamgroup.protocol.membership import add_events
 from dagster_streamgroup.protocol.policy import GroupPolicy
 from dagster_streamgroup.protocol.state import (
@@ -31,10 +32,16 @@ class Watermark(BaseModel):
     low: int
     high: int
     group_committed: int | None = None
-    """The group's offset as the stream itself records it (Kafka's group offsets, the v3io shard attribute),
-    given for a shard not positioned yet: a group whose state was lost or moved (a new store, a changed
-    bootstrap list) resumes where the stream says it was, like a Kafka consumer, and only a group the stream
-    has never seen follows the seek policy."""
+    """The group's offset as the stream itself records it (Kafka's group offsets, the v3io shard attribute), in
+    the shard's current log. For a shard not positioned yet, a group whose state was lost or moved (a new store,
+    a changed bootstrap list) resumes where the stream says it was, like a Kafka consumer, and only a group the
+    stream has never seen follows the seek policy. For a positioned shard, it is how a reset made around the group
+    (Kafka's consumer-groups tool) is seen."""
+    mirror_foreign: bool = False
+    """``group_committed`` was not written by this group's members (Kafka: no marker of ours in the commit's
+    metadata): an operator's tool, another application, a version of ours before the marker."""
+    identity: str | None = None
+    """The identity of the shard's log these watermarks were read from (a Kafka topic's id), where known."""
     at_timestamp: int | None = None
     """Under ``seek='timestamp'``, for a shard not positioned yet: the first offset at or after the policy's
     timestamp (the high watermark if no record is that recent)."""
@@ -134,14 +141,17 @@ def plan(
     shards: dict[str, ShardState] = {}
     events: list[GroupEvent] = []
     ready: list[_Ready] = []
+    scope = state.members[member_id].scope
     for shard_id, shard in state.shards.items():
-        if shard.owner != member_id or shard.inflight is not None or shard.parked is not None:
+        if shard.owner != member_id or shard.inflight is not None or shard.parked is not None or shard.removed:
             continue
         if shard.lease is not None:  # a backfill holds the shard, or waits for its range in flight (lease.py)
             continue
         mark = watermarks.get(shard_id)
-        if mark is None:
+        if mark is None or not in_scope(scope, shard_id):
             continue
+        if mark.identity is not None and shard.identity is not None and mark.identity != shard.identity:
+            continue  # read from another log than the state's: the next tick's sync_log tells which
         updated, candidate, event = _position(shard_id, shard, member_id, now, mark, policy)
         if updated is not shard:
             shards[shard_id] = updated
@@ -267,11 +277,15 @@ def _position(
         if start is None:
             return shard, None, None
         committed = start
-        shard = evolve(shard, committed=committed)
+        shard = evolve(shard, committed=committed, identity=shard.identity or mark.identity)
+        if mark.group_committed is not None and mark.mirror_foreign:
+            event = _adopted(shard_id, member_id, now, committed)
+    elif mark.group_committed is not None and mark.mirror_foreign and mark.group_committed != committed:
+        event = _reset_refused(shard_id, member_id, now, mark.group_committed, committed)
     if committed < mark.low:
         lost = f"offsets [{committed}, {mark.low}) fell out of retention before they were processed"
         if policy.on_data_loss == "fail":
-            parked = Parked(start=committed, end=mark.low, reason=lost, at=now)
+            parked = Parked(start=committed, end=mark.low, reason=lost, at=now, cause="data_loss")
             event = GroupEvent(
                 kind=EventKind.DATA_LOSS,
                 at=now,
@@ -297,6 +311,12 @@ def _position(
     if retry_end is None and shard.retry_end is not None:
         shard = evolve(shard, retry_end=None)  # retention loss skipped past the failed range
     seen = max(committed, retry_end or 0)  # the failed range's records existed when it was planned
+    if seen > mark.high and mark.uncommitted_high is not None and seen <= mark.uncommitted_high:
+        # Written, and held back by an open transaction (the log start may pass the last stable offset: records
+        # deleted inside the transaction): nothing to read until it ends, and nothing is past the stream's end.
+        if shard.ahead_since is not None:
+            shard = evolve(shard, ahead_since=None)
+        return shard, None, event
     if seen > mark.high:
         updated, event_ahead = _offsets_ahead(shard_id, shard, member_id, now, mark, policy, seen)
         return updated, None, event_ahead or event
@@ -308,6 +328,33 @@ def _position(
             shard = evolve(shard, backlog_since=None)
         return shard, None, event
     return shard, _Ready(shard_id, shard, committed, retry_end, backlog), event
+
+
+def _adopted(shard_id: str, member_id: str, now: float, offset: int) -> GroupEvent:
+    detail = (
+        f"shard {shard_id} starts at offset {offset}: the stream's record of the group's offset holds it, written by "
+        "something other than this group's members (Kafka's consumer-groups tool, another application, or a version "
+        "before the members marked their commits); the group had no position of its own (a new or lost state)"
+    )
+    return GroupEvent(kind=EventKind.ADOPTED, at=now, shard=shard_id, member_id=member_id, start=offset, detail=detail)
+
+
+def _reset_refused(shard_id: str, member_id: str, now: float, offset: int, committed: int) -> GroupEvent:
+    detail = (
+        f"the stream's record of the group's offset of shard {shard_id} was set to {offset} by something other than "
+        f"this group's members (e.g. kafka-consumer-groups --reset-offsets): not applied, the group goes on from "
+        f"{committed} and the record is restored to it. The group's offsets live in its state, where every move is "
+        "fenced against the runs in flight: move the group with `streamgroup reset`"
+    )
+    return GroupEvent(
+        kind=EventKind.RESET_REFUSED,
+        at=now,
+        shard=shard_id,
+        member_id=member_id,
+        start=min(offset, committed),
+        end=max(offset, committed),
+        detail=detail,
+    )
 
 
 def _initial_offset(shard: ShardState, mark: Watermark, policy: GroupPolicy) -> int | None:
@@ -348,7 +395,7 @@ def _offsets_ahead(
         "truncated; shard parked, nothing was read or skipped (resume it with `streamgroup unpark` once the "
         "stream is past the offset again, or consume the new stream under another group)"
     )
-    parked = Parked(start=mark.high, end=seen, reason=detail, at=now)
+    parked = Parked(start=mark.high, end=seen, reason=detail, at=now, cause="offsets_ahead")
     event = GroupEvent(
         kind=EventKind.OFFSETS_AHEAD,
         at=now,

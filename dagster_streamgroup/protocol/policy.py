@@ -78,6 +78,14 @@ class GroupPolicy(BaseModel):
         description="When committed offsets fell out of retention: fail (park the shard) or skip to the earliest "
         "available offset. Either way an event records the lost range.",
     )
+    on_recreated: Literal["park", "earliest"] = Field(
+        default="park",
+        description="When a shard's log was deleted and created again (a Kafka topic recreated: a new topic id), "
+        "its offsets count in a new log: park the shard until an operator resumes it (streamgroup unpark reads the "
+        "new log from its first record, streamgroup reset starts it elsewhere), or read the new log from its first "
+        "record at once. Either way an event names the old log's offsets that were not read, and ranges in flight "
+        "over the old log are refused.",
+    )
 
     @model_validator(mode="after")
     def _timeouts_fit(self) -> Self:

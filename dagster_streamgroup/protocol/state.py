@@ -24,10 +24,13 @@ SCHEMA_VERSION = 5
 accepted before the upgrade is refused, not applied twice).
 4: ``InFlight.relaunches``/``not_before`` (launches that raised) and ``UnrecordedRun.orphaned_at``; a version-3
 state reads as one with none.
-5: ``DeadLetter.records`` and ``DeadLetter.dead_records`` (records a typed range could not decode), and
-``ShardState.lease`` (a backfill's hold on a shard, ``protocol/lease.py``); a version-4 state reads as one whose
-dead letters hold none and with no lease, and a version-4 member refuses a version-5 state instead of planning a
-leased shard."""
+5: ``DeadLetter.records`` and ``DeadLetter.dead_records`` (records a typed range could not decode);
+``ShardState.lease`` (a backfill's hold on a shard, ``protocol/lease.py``); and the stream's life:
+``ShardState.identity``/``repositioned``/``missing_since``/``removed``, ``Parked.cause``, ``Member.scope`` and
+``GroupState.moved_to``. A version-4 state reads as one with none of them set: its dead letters hold no records,
+no shard is leased, its shards adopt their log's identity at the next tick (there is nothing to compare it
+with) and its members consume the whole stream; a version-4 member refuses a version-5 state instead of planning
+a leased shard."""
 
 
 T = TypeVar("T")
@@ -62,6 +65,10 @@ class Member:
     member_id: str
     joined: float
     heartbeat: float
+    scope: tuple[str, ...] | None = None
+    """The parts of the stream this member consumes (a Kafka group's topics, ``part_of`` its shards), as its
+    own configuration lists them; ``None``: the whole stream. Deployments that briefly disagree about the list (a
+    rolling change) each serve only what they list, and a part leaves the group only once no member lists it."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,20 @@ class Parked:
     start: int
     end: int
     reason: str
+    at: float
+    cause: str = ""
+    """Why, as a word a program can test: ``retries``, ``data_loss``, ``offsets_ahead``, ``missing`` (the shard's
+    log does not exist), ``recreated`` (its log was deleted and created again); empty for parks of version 4."""
+
+
+@dataclass(frozen=True)
+class Repositioned:
+    """The shard's offsets were moved other than by a run's commit: its log was recreated (offsets of a new log),
+    or an operator reset it. Ranges launched before, at an epoch below ``epoch``, were planned over the old
+    position, and their commits are refused for ``cause`` (``recreated`` or ``reset``)."""
+
+    epoch: int
+    cause: str
     at: float
 
 
@@ -150,6 +171,18 @@ class ShardState:
     timeout. Cleared when the owner changes, so one owner's observation never parks the next one's shard."""
     lease: Lease | None = None
     """A backfill's hold on the shard: no range is planned while it is set, granted or waiting."""
+    identity: str | None = None
+    """The identity of the log the shard's offsets count in (for Kafka, its topic's id), recorded when the shard
+    is first positioned: a log deleted and created again under the same name restarts its offsets, and only its
+    identity tells it from the old one. ``None`` where the backend has none (or a state of version 4, until the
+    next tick adopts the current one)."""
+    repositioned: Repositioned | None = None
+    missing_since: float | None = None
+    """When the shard's log was first seen missing (a deleted topic): it is parked once that lasts a session
+    timeout, as a missing log may only be a broker's answer during a restart."""
+    removed: bool = False
+    """Its part of the stream is in no member's ``scope`` any more (a topic taken off the group's list): it is
+    not assigned or planned; a run in flight over it still commits. Its offsets stay, for a part listed again."""
 
 
 class EventKind(StrEnum):
@@ -165,6 +198,20 @@ class EventKind(StrEnum):
     LAUNCH_FAILING = "launch_failing"
     UNRECORDED_DROPPED = "unrecorded_dropped"
     LEASE_EXPIRED = "lease_expired"
+    RECREATED = "recreated"
+    """The shard's log was deleted and created again (a new identity): ``start`` is the first offset of the old log
+    the group did not read; everything from it on in the old log is what this event reports unread."""
+    MISSING = "missing"
+    REMOVED = "removed"
+    RESET = "reset"
+    """An operator moved the shard (``streamgroup reset``): ``[start, end)`` is what was skipped (``skipped``
+    in the detail) or what will be read again (``read again``)."""
+    RESET_REFUSED = "reset_refused"
+    """The stream's record of the group's offset (Kafka's group offsets) was set by something other than the
+    group's members (Kafka's consumer-groups tool): not applied, the record restored."""
+    ADOPTED = "adopted"
+    """A shard with no position in the state started at the stream's record of the group's offset that something
+    other than the group's members wrote there (a state lost, then Kafka's tool used; ``adopt_group_offsets``)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +293,9 @@ class GroupState(BaseModel):
     """Every range given up and not yet resolved by an operator, oldest first."""
     unrecorded_runs: dict[str, UnrecordedRun] = Field(default_factory=dict)
     """Committed runs, by run key, whose records in Dagster their member has not confirmed yet."""
+    moved_to: str | None = None
+    """Set on a state an earlier version kept under another key, once carried over to ``moved_to``: closed, so
+    that members of that version (which cannot read this schema) stop, and none of its shards is planned twice."""
 
 
 MAX_EVENTS = 200

@@ -12,9 +12,14 @@ How it matches the Python source's semantics:
 - ``kafka.isolation.level=read_committed``: the records of committed transactions only, as ours reads (Spark's
   consumer defaults to ``read_uncommitted``).
 - Offsets inside a range that hold no record (compacted away, transaction markers, aborted records) are skipped,
-  as ours skips them: Spark calls such gaps data loss and fails on them under ``failOnDataLoss=true``, so the read
-  sets it false and checks the start of every range against the partition's log start itself first
-  (``OffsetOutOfRangeError``, as ours raises): records gone to retention are never skipped silently.
+  as ours skips them: Spark's consumer steps over offsets it cannot see while the log still starts at or before
+  them (measured: compacted and transactional ranges read exactly under ``failOnDataLoss=true``).
+- A range the log no longer holds whole is refused, as ours refuses it: the read checks every range against the
+  partition first (its start not below the log start: ``OffsetOutOfRangeError``; its end not past the log end:
+  ``RangeIncompleteError``, a topic recreated or truncated under the range), and runs with
+  ``failOnDataLoss=true``, so that records deleted between that check and the read fail the task instead of
+  giving a short DataFrame (Spark's option of that name was ``false`` here once: ``[0, 150)`` over a partition of
+  100 records gave 100 rows and a WARN).
 """
 
 from __future__ import annotations
@@ -117,7 +122,7 @@ def java_client_options(config: KafkaStreamConfig) -> dict[str, str]:
                 f"property {key!r} has no Spark Kafka source translation here (the Java client names its settings "
                 "differently); read through the streamgroup-kafka source"
             )
-    out["kafka.isolation.level"] = out.get("kafka.isolation.level", "read_committed")
+    out["kafka.isolation.level"] = out.get("kafka.isolation.level", "read_committed").strip().lower()
     return out
 
 
@@ -150,20 +155,22 @@ def read_options(
         "startingOffsets": offsets_json(ranges, "start"),
         "endingOffsets": offsets_json(ranges, "end"),
         "includeHeaders": "true",
-        "failOnDataLoss": "false",
+        "failOnDataLoss": "true",
     }
     if max_records_per_partition is not None:
         options["maxRecordsPerPartition"] = str(max_records_per_partition)
     return options
 
 
-def check_log_starts(config: KafkaStreamConfig, ranges: Sequence[ShardRange]) -> None:
-    """Raise ``OffsetOutOfRangeError`` for a range whose start retention has already deleted (one metadata
-    round trip in the driver): Spark's read runs with ``failOnDataLoss=false`` so that gaps inside a range pass,
-    and would otherwise start at the log start without a word."""
+def check_log_holds(config: KafkaStreamConfig, ranges: Sequence[ShardRange]) -> None:
+    """Raise for a range the partition does not hold whole now (one metadata round trip in the driver):
+    ``OffsetOutOfRangeError`` for a start that retention already deleted, ``RangeIncompleteError`` for an end past
+    the partition's end (the Python reader's rules: it fails both, the first at once, the second once it stalls).
+    Spark's own check (``failOnDataLoss``) reports both too, as a task failure with a message about data loss;
+    this one names the shard and the offsets before any task runs."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from dagster_streamgroup.streams.base import OffsetOutOfRangeError
+    from dagster_streamgroup.streams.base import OffsetOutOfRangeError, RangeIncompleteError
     from dagster_streamgroup.streams.kafka import new_client, parse_shard, reader_config
 
     wanted = [r for r in ranges if r.end > r.start]
@@ -173,9 +180,14 @@ def check_log_starts(config: KafkaStreamConfig, ranges: Sequence[ShardRange]) ->
     try:
         for r in wanted:
             topic, partition = parse_shard(r.shard)
-            low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
             if r.start < low:
                 raise OffsetOutOfRangeError(r.shard, r.start, low)
+            if r.end > high:
+                raise RangeIncompleteError(
+                    f"{r.shard} [{r.start}, {r.end}): the partition ends at {high}, below the range's end: the topic "
+                    "was recreated or truncated since the range was planned; nothing was read or committed"
+                )
     finally:
         consumer.close()
 
@@ -187,11 +199,11 @@ def read_ranges_with_spark_kafka(
     *,
     max_records_per_partition: int | None = None,
 ) -> DataFrame:
-    """A DataFrame of exactly the records of ``ranges`` read by Spark's Kafka source (lazy; the log-start check
-    runs now). Raises ``SparkKafkaUnsupportedError`` for a configuration it cannot carry."""
+    """A DataFrame of exactly the records of ``ranges`` read by Spark's Kafka source (lazy; the check that the log
+    holds each range runs now). Raises ``SparkKafkaUnsupportedError`` for a configuration it cannot carry."""
     shard_ranges = as_shard_ranges(ranges)
     options = read_options(config, shard_ranges, max_records_per_partition=max_records_per_partition)
-    check_log_starts(config, shard_ranges)
+    check_log_holds(config, shard_ranges)
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     df = spark.read.format(FORMAT).options(**options).load()

@@ -42,6 +42,31 @@ def open_transaction_text(stable: int, written: int) -> str:
     )
 
 
+class StreamListing(NamedTuple):
+    """What exists of the stream now, as a member tick needs it (the protocol's ``StreamView``)."""
+
+    shards: list[str]
+    """The shards of every part that exists, in a stable order."""
+    identities: dict[str, str]
+    """The identity of each part's log (Kafka: the topic's id, which a topic deleted and created again changes),
+    or of a shard's own (keyed by shard id); empty for a backend that has none."""
+    missing: frozenset[str]
+    """Parts of the stream that do not exist now (Kafka: topics of the list the cluster does not have)."""
+    parts: tuple[str, ...] | None = None
+    """The parts this backend's configuration lists (Kafka: its topics); ``None``: the stream has one part."""
+
+
+class MirroredOffset(NamedTuple):
+    """The group's offset as the stream records it, and who wrote it."""
+
+    offset: int
+    ours: bool
+    """Written by this group's members (Kafka: the commit's metadata carries our marker); ``False``: by something
+    else, such as Kafka's consumer-groups tool (a reset), another application, or a version before the marker."""
+    identity: str | None = None
+    """The identity of the log the members wrote it for, where the marker names one."""
+
+
 class StreamError(Exception):
     """A backend failure, with the backend's own error kept as ``__cause__``."""
 
@@ -90,7 +115,18 @@ class StreamBackend(Protocol):
         ...
 
     def shards(self) -> list[str]:
-        """All shards that exist now, in a stable order; shards added later appear in later calls."""
+        """All shards that exist now, in a stable order; shards added later appear in later calls. Raises
+        ``StreamError`` when a part of the stream does not exist."""
+        ...
+
+    def listing(self) -> StreamListing:
+        """The shards that exist now, their logs' identities, and the parts of the stream that are missing
+        (a member tick goes on with the parts that exist)."""
+        ...
+
+    def identities(self, shards: Sequence[str]) -> dict[str, str]:
+        """The identity of each shard's log now (keyed by shard), where the backend has one: a run's commit
+        compares it with the identity its range was planned under."""
         ...
 
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]: ...
@@ -103,13 +139,39 @@ class StreamBackend(Protocol):
         """Raise ``ForeignGroupError`` when another application holds or owns ``group`` in the stream."""
         ...
 
-    def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
-        """Mirror the group's offsets into the backend, never moving one backwards.
-
-        Returns the offsets in effect afterwards (the larger of the stored and the requested)."""
+    def group_offsets(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
+        """The group's offsets as the stream records them, and whether this group's members wrote them."""
         ...
 
-    def keep_alive(self, group: str, offsets: Mapping[str, int]) -> None:
+    @property
+    def watches_group_offsets(self) -> bool:
+        """Whether a member reads the group's offsets of all its idle shards at every tick (to catch a reset made
+        around the group, and a mirror left behind), or only those of shards it has not positioned yet. Kafka: one
+        request for all of them, and an offset something else wrote can be told; v3io: a request per shard, and
+        the attribute is only ever the group's own."""
+        ...
+
+    def commit(
+        self,
+        group: str,
+        offsets: Mapping[str, int],
+        *,
+        identities: Mapping[str, str | None] | None = None,
+        refresh: bool = False,
+        restore: bool = False,
+    ) -> dict[str, int]:
+        """Mirror the group's offsets into the backend, never moving one backwards.
+
+        ``identities``: the identity of the log each offset counts in (the state's): an offset is not written
+        over a log that has another identity now. An offset that something other than the group's members wrote
+        is left as it is (the next member tick refuses it visibly and restores the mirror); ``restore`` writes
+        the given offsets whatever is stored (a member restoring the mirror, an operator's reset), backwards
+        too; ``refresh`` writes an equal offset again (``keep_alive``). Returns the offsets in effect afterwards."""
+        ...
+
+    def keep_alive(
+        self, group: str, offsets: Mapping[str, int], identities: Mapping[str, str | None] | None = None
+    ) -> None:
         """Record again mirrored offsets that the stream would otherwise forget, never moving one (Kafka expires a
         member-less group's offsets ``offsets.retention.minutes`` after their last commit)."""
         ...

@@ -10,6 +10,7 @@ events to learn that the missing offsets hold no records.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
@@ -32,9 +34,11 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from dagster_streamgroup.streams.base import (
     CommitRejectedError,
     ForeignGroupError,
+    MirroredOffset,
     OffsetOutOfRangeError,
     RangeIncompleteError,
     StreamError,
+    StreamListing,
     Watermarks,
 )
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig, PropertyValue
@@ -302,14 +306,23 @@ def _describe_incomplete(progress: Sequence[_Progress], waited_s: float, client_
     )
 
 
+def _describe_past_end(r: PartitionRange, pos: int, high: int) -> str:
+    return (
+        f"{r.shard} [{r.start}, {r.end}) read up to {pos}: the partition ends at {high}, below the range: it was "
+        "recreated (deleted and created again) or truncated since the range was planned; nothing was committed"
+    )
+
+
 def _raise_read_error(consumer: Consumer, err: KafkaError, msg: Message, progress: Sequence[_Progress]) -> None:
     code = err.code()
     if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         match = [p for p in progress if (p.range.topic, p.range.partition) == (msg.topic(), msg.partition())]
         target = match[0] if match else progress[0]
-        low, _ = consumer.get_watermark_offsets(
+        low, high = consumer.get_watermark_offsets(
             TopicPartition(target.range.topic, target.range.partition), timeout=10, cached=False
         )
+        if target.pos >= high >= low:  # past the end, not below the start: the log is shorter than the range
+            raise RangeIncompleteError(_describe_past_end(target.range, target.pos, high)) from KafkaException(err)
         raise OffsetOutOfRangeError(target.range.shard, target.pos, low) from KafkaException(err)
     raise StreamError(f"reading {msg.topic()}:{msg.partition()} failed: {err.str()}") from KafkaException(err)
 
@@ -357,7 +370,7 @@ def read_ranges(
         for p in progress:
             tp = TopicPartition(p.range.topic, p.range.partition)
             try:
-                low, _high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
             except KafkaException as exc:
                 hint = credentials.hint(consumer)
                 raise StreamError(
@@ -365,6 +378,8 @@ def read_ranges(
                 ) from exc
             if p.range.start < low:
                 raise OffsetOutOfRangeError(p.range.shard, p.range.start, low)
+            if p.range.start > high:
+                raise RangeIncompleteError(_describe_past_end(p.range, p.range.start, high))
         consumer.assign([TopicPartition(p.range.topic, p.range.partition, p.range.start) for p in progress])
         last_progress = time.monotonic()
         pending = len(progress)
@@ -446,28 +461,38 @@ class KafkaBackend:
         self._admin: AdminClient | None = None
         self._admin_errors = ClientErrors()
         self._cluster_id: str | None = cluster_id
+        self._group_consumers: dict[str, Consumer] = {}
+        self._group_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"KafkaBackend({self.config.bootstrap_servers!r}, topics={self.config.topics!r})"
 
     @property
-    def stream_id(self) -> str:
-        """Keys the group state: the cluster, by its id, and the topic set, in no particular order. The id stays
-        when brokers are added, removed or reached by another name (a DNS alias, a load balancer), so none of
-        those starts a new state. Asked of the cluster once per backend."""
+    def cluster_id(self) -> str:
+        """The cluster's id, asked of the cluster once per backend."""
         if self._cluster_id is None:
             with self._admin_call("reading the cluster id") as admin:
                 cluster = admin.describe_cluster(request_timeout=self.request_timeout_s).result()
             if not cluster.cluster_id:
                 raise StreamError(f"the cluster at {self.config.bootstrap_servers} gave no cluster id")
             self._cluster_id = str(cluster.cluster_id)
-        return f"kafka://cluster={self._cluster_id}/{','.join(sorted(self.config.topics))}"
+        return self._cluster_id
+
+    @property
+    def stream_id(self) -> str:
+        """Keys the group state: the cluster, by its id. Not the topic list: a topic added to or removed from the
+        group's list is the same group, whose shards of the other topics keep their positions and ranges in
+        flight. The id stays when brokers are added, removed or reached by another name (a DNS alias, a load
+        balancer), so none of those starts a new state either."""
+        return f"kafka://cluster={self.cluster_id}"
 
     @property
     def legacy_stream_ids(self) -> list[str]:
-        """The key of versions that named the cluster by its bootstrap list."""
+        """The keys of earlier versions: the cluster id and the sorted topic list, and before that the bootstrap
+        list and the topic list (a state under either is carried over once, and closed)."""
+        topics = ",".join(sorted(self.config.topics))
         servers = ",".join(sorted(s.strip().lower() for s in self.config.bootstrap_servers.split(",")))
-        return [f"kafka://{servers}/{','.join(sorted(self.config.topics))}"]
+        return [f"kafka://cluster={self.cluster_id}/{topics}", f"kafka://{servers}/{topics}"]
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -509,28 +534,76 @@ class KafkaBackend:
             raise
 
     def _topic_partition(self, shard: str, offset: int | None = None) -> TopicPartition:
+        """A shard of any topic: the group keeps the shards of topics taken off its list (their runs in flight still
+        read and commit them), so the list says what the group consumes, not what may be named."""
         topic, partition = parse_shard(shard)
-        if topic not in self.config.topics:
-            raise ValueError(f"shard {shard!r}: topic {topic!r} is not one of the stream's topics {self.config.topics}")
         return TopicPartition(topic, partition) if offset is None else TopicPartition(topic, partition, offset)
 
-    def shards(self) -> list[str]:
+    def _partitions(self) -> tuple[dict[str, list[int]], set[str]]:
+        """The partitions of each topic of the list that exists, and the topics that do not (a topic the broker
+        denies, or that answers another error, is an error)."""
         with self._admin_call("listing the stream's partitions") as admin:
             metadata = admin.list_topics(timeout=self.request_timeout_s)
-        shards: list[str] = []
+        found: dict[str, list[int]] = {}
+        missing: set[str] = set()
         for topic in self.config.topics:
             meta = metadata.topics.get(topic)
             if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-                raise StreamError(f"topic {topic!r} does not exist on {self.config.bootstrap_servers}")
+                missing.add(topic)
+                continue
             if meta.error is not None:
                 raise StreamError(f"topic {topic!r}: {meta.error.str()}") from KafkaException(meta.error)
-            shards.extend(shard_id(topic, p) for p in sorted(meta.partitions))
-        return shards
+            found[topic] = sorted(meta.partitions)
+        return found, missing
+
+    def shards(self) -> list[str]:
+        found, missing = self._partitions()
+        if missing:
+            topic = next(t for t in self.config.topics if t in missing)
+            raise StreamError(f"topic {topic!r} does not exist on {self.config.bootstrap_servers}")
+        return [shard_id(topic, p) for topic, partitions in found.items() for p in partitions]
+
+    def listing(self) -> StreamListing:
+        """The shards of the topics that exist, each topic's id, and the topics of the list that do not exist: a
+        deleted topic is that topic's problem (its shards are parked, the others go on)."""
+        found, missing = self._partitions()
+        ids = self._topic_ids(list(found))
+        gone = {t for t in found if t not in ids}  # deleted between the two requests
+        shards = [shard_id(t, p) for t, partitions in found.items() if t not in gone for p in partitions]
+        return StreamListing(
+            shards=shards, identities=ids, missing=frozenset(missing | gone), parts=tuple(self.config.topics)
+        )
+
+    def identities(self, shards: Sequence[str]) -> dict[str, str]:
+        """The id of each shard's topic now; a shard whose topic does not exist has none."""
+        ids = self._topic_ids(sorted({parse_shard(s)[0] for s in shards}))
+        return {s: ids[topic] for s in shards if (topic := parse_shard(s)[0]) in ids}
+
+    def _topic_ids(self, topics: Sequence[str]) -> dict[str, str]:
+        """Each topic's id (``DescribeTopics``); a topic that does not exist has none. A topic deleted and created
+        again gets a new id, which is how its new offsets are told from the old ones."""
+        if not topics:
+            return {}
+        with self._admin_call("describing the stream's topics") as admin:
+            futures = admin.describe_topics(TopicCollection(list(topics)), request_timeout=self.request_timeout_s)
+        ids: dict[str, str] = {}
+        for topic, future in futures.items():
+            try:
+                description = future.result()
+            except KafkaException as exc:
+                if _error_code(exc) in _UNKNOWN_PARTITION_CODES:
+                    continue
+                raise StreamError(f"describing topic {topic!r}: {_error_text(exc)}") from exc
+            ids[topic] = str(description.topic_id)
+        return ids
 
     @property
     def reads_committed(self) -> bool:
-        """Whether readers see only committed transactions (``isolation.level``, ``read_committed`` by default)."""
-        return str(self.config.properties.get("isolation.level", "read_committed")) != "read_uncommitted"
+        """Whether readers see only committed transactions (``isolation.level``, ``read_committed`` by default).
+        librdkafka takes the value in any case, and so must this: planning to the last stable offset while the
+        readers read uncommitted records would make ranges that the readers read differently."""
+        level = str(self.config.properties.get("isolation.level", "read_committed"))
+        return level.strip().lower() != "read_uncommitted"
 
     def _offsets(
         self, specs: dict[TopicPartition, OffsetSpec], what: str, *, uncommitted: bool = False
@@ -564,26 +637,29 @@ class KafkaBackend:
             raise StreamError(f"{what} of {shard}: {_error_text(exc)}") from exc
         return found
 
-    def _vanished(self, shards: Sequence[str]) -> set[str]:
+    def _vanished(self, shards: Sequence[str]) -> tuple[set[str], set[str]]:
         """The shards whose partition no longer exists although its topic does (deleted and recreated with
-        fewer partitions). A missing topic is an error, never an empty stream."""
+        fewer partitions), and those whose topic does not exist."""
         with self._admin_call("listing the stream's partitions") as admin:
             metadata = admin.list_topics(timeout=self.request_timeout_s)
-        gone = set()
+        gone, missing = set(), set()
         for shard in shards:
             topic, partition = parse_shard(shard)
             meta = metadata.topics.get(topic)
-            if meta is None or meta.error is not None:
-                raise StreamError(f"topic {topic!r} does not exist on {self.config.bootstrap_servers}")
-            if partition not in meta.partitions:
+            if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                missing.add(shard)
+            elif meta.error is not None:
+                raise StreamError(f"topic {topic!r}: {meta.error.str()}") from KafkaException(meta.error)
+            elif partition not in meta.partitions:
                 gone.add(shard)
-        return gone
+        return gone, missing
 
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
         """Low and high watermarks. A partition that no longer exists holds no records: ``(0, 0)``, so a group
         whose offsets are past that end launches nothing there and parks the shard with an event, while its
-        other shards go on. An offset the broker could not give (a timed-out request answers -1001 without
-        an error) is an error, never a watermark."""
+        other shards go on. A shard whose topic does not exist has none (it is left out: its topic's
+        ``listing`` says it is missing). An offset the broker could not give (a timed-out request answers
+        -1001 without an error) is an error, never a watermark."""
         tps = [self._topic_partition(s) for s in shards]
         lows, low_errors = self._offsets({tp: _spec_earliest() for tp in tps}, "reading low watermarks")
         highs, high_errors = self._offsets({tp: _spec_latest() for tp in tps}, "reading high watermarks")
@@ -594,10 +670,12 @@ class KafkaBackend:
             )
             high_errors = {**written_errors, **high_errors}
         failed = {**low_errors, **high_errors}
-        missing = [s for s, exc in failed.items() if _error_code(exc) in _UNKNOWN_PARTITION_CODES]
-        gone = self._vanished(missing) if missing else set()
+        unknown = [s for s, exc in failed.items() if _error_code(exc) in _UNKNOWN_PARTITION_CODES | {KafkaError._NOENT}]
+        gone, missing = self._vanished(unknown) if unknown else (set(), set())
         out: dict[str, Watermarks] = {}
         for shard in shards:
+            if shard in missing:
+                continue
             if shard in gone:
                 out[shard] = Watermarks(0, 0)
             elif shard in failed:
@@ -613,30 +691,56 @@ class KafkaBackend:
                 out[shard] = Watermarks(lows[shard], highs[shard], written[shard] if held else None)
         return out
 
+    @property
+    def watches_group_offsets(self) -> bool:
+        return True
+
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
-        """The group's offsets as Kafka stores them, read by an assign-only consumer of the group (OffsetFetch).
+        """The group's offsets as Kafka stores them, whoever wrote them (``group_offsets`` says who)."""
+        found = self.group_offsets(group, shards)
+        return {s: None if (m := found.get(s)) is None else m.offset for s in shards}
+
+    def group_offsets(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
+        """The group's offsets as Kafka stores them, each with whether our members wrote it (the marker in the
+        commit's metadata, ``MIRROR_MARKER``) and for which topic id; read by an assign-only consumer of the group
+        (OffsetFetch).
 
         Not through the admin client's ListConsumerGroupOffsets: librdkafka (2.16 and earlier) dereferences a
         null group handle when that request is answered NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS
-        (librdkafka#5040), killing the process; a consumer has a group handle, and retries."""
+        (librdkafka#5040), killing the process; a consumer has a group handle, and retries. The consumer is kept
+        for the next call (a member reads its shards' offsets every tick), and replaced after a failure."""
         _check_group(group)
         tps = [self._topic_partition(s) for s in shards]
         if not tps:
             return {}
-        consumer = self._group_consumer(group)
-        try:
-            with _wrapped(f"reading the committed offsets of group {group!r}"):
-                result = self._committed_of(consumer, tps)
-        finally:
-            consumer.close()
-        out: dict[str, int | None] = {}
+        result = self._with_group_consumer(
+            group, f"reading the committed offsets of group {group!r}", lambda c: self._committed_of(c, tps)
+        )
+        out: dict[str, MirroredOffset | None] = {}
         for tp in result:
             if tp.error is not None:
                 raise StreamError(
                     f"committed offset of {shard_id(tp.topic, tp.partition)} in group {group!r}: {tp.error.str()}"
                 ) from KafkaException(tp.error)
-            out[shard_id(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+            out[shard_id(tp.topic, tp.partition)] = _mirrored(tp) if tp.offset >= 0 else None
         return {s: out.get(s) for s in shards}
+
+    def _with_group_consumer(self, group: str, what: str, call: Callable[[Consumer], R]) -> R:
+        """``call`` on the kept assign-only consumer of ``group``, one call at a time (the backend is shared by
+        the ticks of a code server's sensors, in threads); a consumer whose call failed is closed and replaced at
+        the next call, as the admin client is (``_admin_call``)."""
+        with self._group_lock:
+            consumer = self._group_consumers.get(group)
+            if consumer is None:
+                consumer = self._group_consumers[group] = self._group_consumer(group)
+            try:
+                with _wrapped(what):
+                    return call(consumer)
+            except Exception:
+                del self._group_consumers[group]
+                with contextlib.suppress(Exception):
+                    consumer.close()
+                raise
 
     def _committed_of(self, consumer: Consumer, tps: list[TopicPartition]) -> list[TopicPartition]:
         deadline = time.monotonic() + self.request_timeout_s
@@ -720,36 +824,65 @@ class KafkaBackend:
                 "or set adopt_group_offsets=True to start from its offsets and take the group over."
             )
 
-    def keep_alive(self, group: str, offsets: Mapping[str, int]) -> None:
+    def keep_alive(
+        self, group: str, offsets: Mapping[str, int], identities: Mapping[str, str | None] | None = None
+    ) -> None:
         """Commit the mirrored offsets again, the unchanged ones too: Kafka expires each partition's offset of a
         group without members ``offsets.retention.minutes`` (7 days by default) after its last commit, so an
         idle partition would lose its mirror, and a group started again from the mirror (a lost state store)
         would fall back to its seek policy."""
-        self.commit(group, offsets, refresh=True)
+        self.commit(group, offsets, identities=identities, refresh=True)
 
-    def commit(self, group: str, offsets: Mapping[str, int], *, refresh: bool = False) -> dict[str, int]:
-        """Mirror offsets into the group from an assign-only consumer, keeping the larger of stored and
-        requested per shard (``refresh``: an equal one is committed again). Kafka has no conditional commit, so
-        a concurrent committer could still race between our read and our write; the group's fenced state
-        object remains the source of truth."""
+    def commit(
+        self,
+        group: str,
+        offsets: Mapping[str, int],
+        *,
+        identities: Mapping[str, str | None] | None = None,
+        refresh: bool = False,
+        restore: bool = False,
+    ) -> dict[str, int]:
+        """Mirror offsets into the group from an assign-only consumer, each commit's metadata marked as ours
+        (``MIRROR_MARKER`` and the topic id it counts in).
+
+        Per shard: where our marker is stored, the larger of stored and requested is kept (``refresh``: an equal
+        one is committed again); an offset stored without our marker (Kafka's consumer-groups tool, another
+        application) is left for the member's next tick, which refuses it with an event and restores the mirror,
+        so that no reset is overwritten unseen; ``restore`` writes the requested offset whatever is stored. An
+        offset whose topic id (``identities``) is not the topic's now is not written: it counts in a log that
+        was deleted. Kafka has no conditional commit, so a concurrent committer could still race between our
+        read and our write; the group's fenced state object remains the source of truth."""
         _check_group(group)
         for shard, offset in offsets.items():
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"commit of {shard}: offset must be an int >= 0, got {offset!r}")
-        tps = {shard: self._topic_partition(shard) for shard in offsets}
-        if not tps:
+        if not offsets:
             return {}
-        consumer = self._group_consumer(group)
         try:
-            with _wrapped(f"reading the committed offsets of group {group!r}"):
-                current = self._committed_of(consumer, list(tps.values()))
-            stored = {shard_id(tp.topic, tp.partition): tp.offset for tp in current}
-            effective = {s: max(offsets[s], stored.get(s, -1)) for s in offsets}
-            advance = [
-                self._topic_partition(s, offsets[s])
-                for s in offsets
-                if offsets[s] > stored.get(s, -1) or (refresh and offsets[s] == stored.get(s, -1))
-            ]
+            current = self._current(offsets, identities)
+        except StreamError as exc:
+            raise StreamError(f"mirroring the offsets of group {group!r}: {exc}") from exc.__cause__
+        wanted = {s: o for s, o in offsets.items() if s in current}
+        if not wanted:
+            return {}
+        ids = {s: (identities or {}).get(s) for s in wanted}
+
+        def mirror(consumer: Consumer) -> dict[str, int]:
+            stored = {
+                shard_id(tp.topic, tp.partition): (tp.offset, _mirrored(tp) if tp.offset >= 0 else None)
+                for tp in self._committed_of(consumer, [self._topic_partition(s) for s in wanted])
+            }
+            effective: dict[str, int] = {}
+            advance = []
+            for shard, offset in wanted.items():
+                at, mirrored = stored.get(shard, (-1, None))
+                foreign = mirrored is not None and not mirrored.ours
+                if restore or at < 0 or (not foreign and (offset > at or (refresh and offset == at))):
+                    topic, partition = parse_shard(shard)
+                    advance.append(TopicPartition(topic, partition, offset, metadata=mirror_marker(ids[shard])))
+                    effective[shard] = offset if restore or foreign else max(offset, at)
+                else:
+                    effective[shard] = at if foreign else max(offset, at)
             if advance:
                 try:
                     results = consumer.commit(offsets=advance, asynchronous=False)
@@ -759,8 +892,17 @@ class KafkaBackend:
                     if tp.error is not None:
                         _raise_commit_error(group, KafkaException(tp.error))
             return effective
-        finally:
-            consumer.close()
+
+        return self._with_group_consumer(group, f"mirroring the offsets of group {group!r}", mirror)
+
+    def _current(self, offsets: Mapping[str, int], identities: Mapping[str, str | None] | None) -> set[str]:
+        """The shards of ``offsets`` whose topic is still the log their offset counts in (``identities``; a shard
+        without one is taken as current)."""
+        named = {s: i for s, i in (identities or {}).items() if s in offsets and i is not None}
+        if not named:
+            return set(offsets)
+        now = self.identities(list(named))
+        return {s for s in offsets if s not in named or now.get(s) == named[s]}
 
     def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
         tp = self._topic_partition(shard)
@@ -769,7 +911,10 @@ class KafkaBackend:
             return found[shard]
         if found[shard] != _NO_RECORD_AT_TIME:
             raise StreamError(f"looking up a time in {shard}: the broker gave no offset ({found[shard]})")
-        return self.watermarks([shard])[shard].high
+        marks = self.watermarks([shard])
+        if shard not in marks:
+            raise StreamError(f"looking up a time in {shard}: its topic does not exist")
+        return marks[shard].high
 
     def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
         tp = self._topic_partition(shard)
@@ -782,6 +927,32 @@ class KafkaBackend:
 
     def close(self) -> None:
         self._admin = None
+        with self._group_lock:
+            consumers = list(self._group_consumers.values())
+            self._group_consumers.clear()
+        for consumer in consumers:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
+
+MIRROR_MARKER = "streamgroup"
+"""The first field of the metadata of every offset our members commit into Kafka's group
+(``streamgroup:1:<topic id>``): Kafka's consumer-groups tool commits no metadata, other applications their own, so
+a tick can tell an offset that something else set (a reset around the group) from our own mirror, late or not,
+without a state write of its own."""
+
+
+def mirror_marker(identity: str | None) -> str:
+    return f"{MIRROR_MARKER}:1:{identity or ''}"
+
+
+def _mirrored(tp: TopicPartition) -> MirroredOffset:
+    metadata = str(tp.metadata or "")
+    marker, _, rest = metadata.partition(":")
+    if marker != MIRROR_MARKER:
+        return MirroredOffset(int(tp.offset), ours=False)
+    _version, _, identity = rest.partition(":")
+    return MirroredOffset(int(tp.offset), ours=True, identity=identity or None)
 
 
 def _spec_earliest() -> OffsetSpec:

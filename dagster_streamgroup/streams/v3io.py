@@ -28,9 +28,11 @@ from dagster_streamgroup.protocol.state import STATE_KIND
 from dagster_streamgroup.streams.base import (
     CommitRejectedError,
     ForeignGroupError,
+    MirroredOffset,
     OffsetOutOfRangeError,
     RangeIncompleteError,
     StreamError,
+    StreamListing,
     Watermarks,
 )
 from dagster_streamgroup.streams.v3io_config import (
@@ -327,6 +329,25 @@ class V3ioBackend:
     def shards(self) -> list[str]:
         return [str(i) for i in range(self.stream.shard_count())]
 
+    def listing(self) -> StreamListing:
+        """The shards; no identities yet (a stream deleted and created again is caught by its offsets only, when
+        they fall below the group's: ``planning._offsets_ahead``), and a missing stream is an error."""
+        return StreamListing(shards=self.shards(), identities={}, missing=frozenset())
+
+    def identities(self, shards: Sequence[str]) -> dict[str, str]:
+        return {}
+
+    @property
+    def watches_group_offsets(self) -> bool:
+        return False
+
+    def group_offsets(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
+        """The shard attributes, always ours: the attribute's name is the group's, and a v3io-go group of the same
+        name is refused before anything is read."""
+        return {
+            s: None if o is None else MirroredOffset(o, ours=True) for s, o in self.committed(group, shards).items()
+        }
+
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
         return {shard: self.stream.watermarks(parse_shard(shard)) for shard in shards}
 
@@ -379,8 +400,18 @@ class V3ioBackend:
             out[shard] = None if value is None else int(value) + 1
         return out
 
-    def commit(self, group: str, offsets: Mapping[str, int]) -> dict[str, int]:
-        """Raise each shard's attribute to ``offset - 1`` unless it is already there or higher.
+    def commit(
+        self,
+        group: str,
+        offsets: Mapping[str, int],
+        *,
+        identities: Mapping[str, str | None] | None = None,
+        refresh: bool = False,
+        restore: bool = False,
+    ) -> dict[str, int]:
+        """Raise each shard's attribute to ``offset - 1`` unless it is already there or higher (``restore``: set
+        it whatever it holds, backwards too: an operator's reset). ``identities`` and ``refresh`` change nothing
+        here: the stream has no identities yet, and an attribute does not expire.
 
         A shard with no records yet has no object to hold the attribute: a commit at its start
         (offset <= 1, nothing processed) is left out of the result; a larger one is refused."""
@@ -394,6 +425,8 @@ class V3ioBackend:
                 raise ValueError(f"offset of shard {shard} must be an integer >= 0, got {offset!r}")
             last_processed = max(offset - 1, FIRST_SEQUENCE - 1)
             condition = f"(__obj_type == 3) AND ((NOT exists({attribute})) OR ({attribute} < {last_processed}))"
+            if restore:
+                condition = "__obj_type == 3"
             what = f"committing shard {shard} for group {group!r}"
             response = self.stream._call(
                 what,
@@ -423,7 +456,9 @@ class V3ioBackend:
             effective[shard] = max(stored, last_processed) + 1
         return effective
 
-    def keep_alive(self, group: str, offsets: Mapping[str, int]) -> None:
+    def keep_alive(
+        self, group: str, offsets: Mapping[str, int], identities: Mapping[str, str | None] | None = None
+    ) -> None:
         """Nothing to do: a shard attribute does not expire."""
 
     def check_group(self, group: str) -> None:

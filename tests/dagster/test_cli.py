@@ -7,12 +7,14 @@ import datetime as dt
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 from click.testing import CliRunner
 from dagster._core.test_utils import create_run_for_test
 
+from dagster_streamgroup import protocol
 from dagster_streamgroup.cli import main
 from dagster_streamgroup.dagster import tags as sgt
 from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
@@ -26,6 +28,7 @@ from tests.dagster.helpers import (
     sensors_for,
 )
 from tests.fixtures.kafka import TopicFactory
+from tests.fixtures.kafka_tools import reset_with_kafkas_tool
 
 pytestmark = pytest.mark.kafka
 
@@ -271,3 +274,82 @@ def test_definitions_import_the_packages_beside_them(tmp_path: Path, monkeypatch
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     result = CliRunner().invoke(main, ["status", "--group", "beside", "--definitions", str(definitions)])
     assert "no group 'beside' in these definitions" in result.output, result.output
+
+
+def test_reset_moves_the_group_through_its_state_fences_the_run_in_flight_and_restores_kafkas_offsets(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """``streamgroup reset`` is the supported way to move a group: through the group state (an event per shard, the
+    run in flight refused as ``reset``), then Kafka's group offsets. A reset made with Kafka's own tool is shown
+    by ``status`` as a warning, and refused and restored by the next member tick."""
+
+    topic = kafka_topics(partitions=2)
+    ends = produce_sample(kafka_bootstrap, topic, 2, 1000)
+    group = group_name()
+    definitions = write_definitions(tmp_path, group, kafka_bootstrap, topic)
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path)
+    member = resource.member("m0")
+    member.tick()
+    state = member.load()
+    assert state is not None
+    first = protocol.inflight_launches(state, "m0")
+    assert member.commit_run([protocol.report_of(x) for x in first]).accepted
+    member.tick()
+    state = member.load()
+    assert state is not None
+    in_flight = protocol.inflight_launches(state, "m0")
+    committed = {x.shard: x.start for x in in_flight}
+    runner = CliRunner()
+
+    def reset(*args: str) -> Any:
+        return runner.invoke(main, ["reset", "--group", group, "--definitions", str(definitions), *args])
+
+    plan = reset("--to-earliest", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    for shard, at in committed.items():
+        assert f"{shard}: {at} -> 0 ([0, {at}) read again; the log holds [0, {ends[int(shard[-1])]}))" in plan.output
+    assert "dry run: 2 shard(s) would move; nothing was changed" in plan.output
+    assert member.load() == state, "a dry run writes nothing"
+
+    moved = reset("--shard", f"{topic}:0=400", "--shard", f"{topic}:1", "--to-latest")
+    assert moved.exit_code == 0, moved.output
+    assert f"{topic}:0: {committed[f'{topic}:0']} -> 400 ([{committed[f'{topic}:0']}, 400) skipped" in moved.output
+    assert f"{topic}:1: {committed[f'{topic}:1']} -> {ends[1]} (" in moved.output
+    after = member.load()
+    assert after is not None
+    assert {s: after.shards[s].committed for s in committed} == {f"{topic}:0": 400, f"{topic}:1": ends[1]}
+    events = [e for e in after.events if e.kind == "reset"]
+    assert sorted((str(e.shard), e.start, e.end) for e in events) == [
+        (f"{topic}:0", committed[f"{topic}:0"], 400),
+        (f"{topic}:1", committed[f"{topic}:1"], ends[1]),
+    ]
+    assert all("fenced" in e.detail for e in events)
+    refused = member.commit_run([protocol.report_of(x) for x in in_flight])
+    assert not refused.accepted and {o.refusal for o in refused.refusals.values()} == {"reset"}
+    backend = resource.backend()
+    assert backend.committed(group, list(committed)) == {f"{topic}:0": 400, f"{topic}:1": ends[1]}
+
+    each = reset("--shard", f"{topic}:0=400", "--shard", f"{topic}:1={ends[1]}")
+    assert each.exit_code == 0 and each.output.count("(unchanged;") == 2, each.output
+
+    back = reset("--shard", f"{topic}:1", "--to-offset", "10")
+    assert back.exit_code == 0 and f"[10, {ends[1]}) read again" in back.output
+    since = reset("--shard", f"{topic}:1", "--to-datetime", "1970-01-01T00:00:00")
+    assert since.exit_code == 0 and f"{topic}:1: 10 -> 0 ([0, 10) read again" in since.output
+
+    past = reset("--shard", f"{topic}:0", "--to-offset", "999999")
+    assert past.exit_code == 2 and f"offset 999999 of {topic}:0 is past its end ({ends[0]})" in past.output
+    unnamed = reset("--to-offset", "5")
+    assert unnamed.exit_code == 2 and "name them" in unnamed.output
+    unknown = reset("--shard", "nope:0=1")
+    assert unknown.exit_code == 2 and "nope:0 not a shard of group" in unknown.output
+
+    reset_with_kafkas_tool(kafka_bootstrap, group, topic, "--to-offset", "7")
+    status = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions)])
+    assert status.exit_code == 0, status.output
+    assert "WARNING" in status.output and "streamgroup reset" in status.output
+    report = member.tick()
+    assert {e.shard for e in report.new_events if e.kind == "reset_refused"} == {f"{topic}:0", f"{topic}:1"}
+    assert backend.committed(group, list(committed)) == {f"{topic}:0": 400, f"{topic}:1": 0}
+    quiet = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions)])
+    assert "WARNING" not in quiet.output

@@ -324,7 +324,8 @@ def test_a_range_committed_by_a_run_that_died_before_its_materialization_is_reco
         )
         assert committed.accepted  # ... and the run died before mirroring the offsets to Kafka
         shards = [f"{topic}:0", f"{topic}:1"]
-        assert resource.backend().committed(group, shards) == dict.fromkeys(shards)
+        # Kafka holds the starting offsets the first tick mirrored, not the commit
+        assert resource.backend().committed(group, shards) == dict.fromkeys(shards, 0)
         # Before the member looks, the shards take further commits (another run, whose record is not in yet):
         # the died run is no longer the last commit on either shard.
         produce_sample(kafka_bootstrap, topic, 2, 100)
@@ -617,3 +618,39 @@ def test_a_launch_that_raised_is_relaunched_with_backoff_and_never_counts_as_an_
         assert member.commit_run([protocol.report_of(x) for x in inflight]).accepted
         done = member.load()
         assert done is not None and {s: done.shards[s].committed for s in shards} == {s: 51 for s in shards}
+
+
+def test_a_mirror_keep_alive_that_failed_is_tried_again_after_its_interval_not_at_every_tick(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed keep-alive used to be tried, and logged, at every tick until it succeeded. The broker cannot be
+    made to refuse this one commit while it answers the tick's other calls, so the backend's ``keep_alive`` is
+    replaced by one that raises (the one stand-in here); the tick itself is real."""
+    from dagster_streamgroup.dagster import sensors
+    from dagster_streamgroup.streams.base import StreamError
+
+    topic = kafka_topics(1)
+    produce_sample(kafka_bootstrap, topic, 1, 10)
+    group = group_name()
+    resource = group_resource(kafka_bootstrap, topic, group, tmp_path, mirror_keep_alive_s=60.0)
+    member = resource.member("m0")
+    member.tick()
+    state = member.load()
+    assert state is not None
+    for launch in protocol.inflight_launches(state, "m0"):
+        member.commit(protocol.report_of(launch))
+    report = member.tick()
+    calls: list[dict[str, int]] = []
+
+    def refused(_group: str, offsets: dict[str, int], _identities: object = None) -> None:
+        calls.append(dict(offsets))
+        raise StreamError("the broker refused the commit")
+
+    monkeypatch.setattr(resource.backend(), "keep_alive", refused)
+    cursor = sensors._Cursor(mirror_kept_at=time.time() - 120)
+    first = sensors._keep_mirror_alive(resource, report, cursor)
+    assert len(calls) == 1 and first and "failed" in first[0]
+    assert sensors._keep_mirror_alive(resource, report, cursor) == [], "not tried (nor logged) at the next tick"
+    assert len(calls) == 1
+    cursor.mirror_kept_at -= 61
+    assert sensors._keep_mirror_alive(resource, report, cursor) and len(calls) == 2, "tried again after the interval"

@@ -32,12 +32,10 @@ from tests.fixtures.v3io import unique_v3io_name
 from tests.integration.v3io.conftest import CONTAINER, NewStream, put
 from tests.reliability.conftest import (
     SESSION_TIMEOUT_S,
-    assert_not_backwards,
     commit_in_flight,
     kafka_backend,
     member_of,
     offsets,
-    sqlite_row,
 )
 
 
@@ -86,25 +84,35 @@ def _tick_once_leaders_are_elected(member: GroupMember, timeout_s: float = 20.0)
 
 
 @pytest.mark.kafka
-def test_a_deleted_topic_fails_the_tick_by_name_and_writes_nothing(
+def test_a_deleted_topic_parks_its_shards_and_the_member_keeps_heartbeating(
     kafka_bootstrap: str, kafka_topics: TopicFactory, sqlite_url: str
 ) -> None:
+    """The group's only topic is deleted: the tick goes on (the member heartbeats, nothing is launched), and once
+    the topic has been missing for a session timeout its shards are parked with a ``missing`` event naming it.
+    It used to fail every tick (``topic ... does not exist``), without a heartbeat. The topic created again
+    under the name is a new log: parked as ``recreated`` (``on_recreated="park"``), never read from the old
+    offsets."""
     topic = kafka_topics(2)
     produce_sample(kafka_bootstrap, topic, 2, 20)
     member = member_of(SqlStateStore(sqlite_url), kafka_backend(kafka_bootstrap, topic), unique_name("g"))
     member.tick()
     commit_in_flight(member)
     before = offsets(member.load())
-    row = sqlite_row(sqlite_url, member.key)
     delete_topics(kafka_bootstrap, [topic])
     _until(lambda: _topic_gone(kafka_bootstrap, topic))
-    with pytest.raises(StreamError, match=f"topic {topic!r} does not exist on {kafka_bootstrap}"):
-        member.tick()
-    assert sqlite_row(sqlite_url, member.key) == row, "a failed tick must not write the state (not even a heartbeat)"
+    first = member.tick()
+    assert first.new_launches == [] and first.state.members["m0"].heartbeat > 0
+    later, events = tick_until_parked(member, [f"{topic}:0", f"{topic}:1"])
+    missing = [e for e in events if e.kind == EventKind.MISSING]
+    assert sorted(str(e.shard) for e in missing) == [f"{topic}:0", f"{topic}:1"]
+    assert all(f"{topic!r} does not exist" in e.detail for e in missing)
+    assert later.state.members["m0"].heartbeat > first.state.members["m0"].heartbeat, "the member heartbeats"
+    assert offsets(later.state) == before, "parked at the committed offsets"
     create_topics(kafka_bootstrap, {topic: 2})
-    report = _tick_once_leaders_are_elected(member)  # the fault is gone: the member ticks again, offsets kept
-    assert report.owned == [f"{topic}:0", f"{topic}:1"]
-    assert_not_backwards(before, offsets(report.state))
+    report = _tick_once_leaders_are_elected(member)
+    recreated = [e for e in report.new_events if e.kind == EventKind.RECREATED]
+    assert sorted(str(e.shard) for e in recreated) == [f"{topic}:0", f"{topic}:1"]
+    assert report.new_launches == [] and all(s.parked is not None for s in report.state.shards.values())
 
 
 @pytest.mark.kafka
@@ -112,8 +120,9 @@ def test_a_topic_recreated_with_fewer_partitions_parks_what_vanished_and_the_res
     kafka_bootstrap: str, kafka_topics: TopicFactory, sqlite_url: str
 ) -> None:
     """A vanished partition used to fail every tick of the group ("reading low watermarks: Local: Unknown
-    partition"), forever, for every shard. Now it reads as a partition with no records: offsets past its end
-    park it with an event after a session timeout, and the other topic's shards keep launching."""
+    partition"), forever, for every shard. The recreated topic's new id tells the group at the next tick: each of
+    its shards is parked with a ``recreated`` event (``on_recreated="park"``; the vanished partitions too), and
+    the other topic's shards keep launching."""
     steady, recreated = kafka_topics(1, prefix="steady"), kafka_topics(3, prefix="shrunk")
     produce_sample(kafka_bootstrap, steady, 1, 10)
     ends = produce_sample(kafka_bootstrap, recreated, 3, 30)
@@ -126,19 +135,17 @@ def test_a_topic_recreated_with_fewer_partitions_parks_what_vanished_and_the_res
     _until(lambda: _topic_gone(kafka_bootstrap, recreated))
     create_topics(kafka_bootstrap, {recreated: 1})
     more = produce_records(kafka_bootstrap, steady, 0, [b"new-1", b"new-2"])
-    first = member.tick()
+    first = _tick_once_leaders_are_elected(member)
     assert [(x.shard, x.start, x.end) for x in first.new_launches] == [
         (f"{steady}:0", before[f"{steady}:0"], more[-1] + 1)
     ]
-    mark = first.watermarks[f"{recreated}:2"]
-    assert (mark.low, mark.high) == (0, 0)
-    later, events = tick_until_parked(member, [f"{recreated}:{p}" for p in range(3)])
-    ahead = {str(e.shard) for e in events if e.kind == EventKind.OFFSETS_AHEAD}
-    assert sorted(ahead) == [f"{recreated}:{p}" for p in range(3)]
-    parked = later.state.shards[f"{recreated}:1"].parked
-    assert parked is not None and "recreated or truncated" in parked.reason
-    assert offsets(later.state) == {**before, f"{steady}:0": before[f"{steady}:0"]}  # the steady range is in flight
-    assert_not_backwards(before, offsets(later.state))
+    events = [e for e in first.new_events if e.kind == EventKind.RECREATED]
+    assert sorted(str(e.shard) for e in events) == [f"{recreated}:{p}" for p in range(3)]
+    assert {e.shard: e.start for e in events} == {f"{recreated}:{p}": ends[p] for p in range(3)}
+    for p in range(3):
+        parked = first.state.shards[f"{recreated}:{p}"].parked
+        assert parked is not None and parked.cause == "recreated"
+    assert first.state.shards[f"{steady}:0"].committed == before[f"{steady}:0"], "the steady range is in flight"
 
 
 @pytest.mark.kafka
@@ -154,12 +161,11 @@ def test_a_recreated_topic_parks_the_shard_and_reads_nothing_of_the_new_topic(
     _until(lambda: _topic_gone(kafka_bootstrap, topic))
     create_topics(kafka_bootstrap, {topic: 1})
     produce_records(kafka_bootstrap, topic, 0, [b"a", b"b", b"c"])
-    first = member.tick()
-    assert first.new_launches == [] and first.state.shards[f"{topic}:0"].parked is None
-    later, events = tick_until_parked(member, [f"{topic}:0"])
-    [event] = [e for e in events if e.kind == EventKind.OFFSETS_AHEAD]
-    assert event.shard == f"{topic}:0" and str(ends[0]) in event.detail
-    assert later.new_launches == [] and later.state.shards[f"{topic}:0"].committed == ends[0]
+    first = _tick_once_leaders_are_elected(member)
+    [event] = [e for e in first.new_events if e.kind == EventKind.RECREATED]
+    assert event.shard == f"{topic}:0" and event.start == ends[0] and str(ends[0]) in event.detail
+    assert first.new_launches == [] and first.state.shards[f"{topic}:0"].parked is not None
+    assert member.tick().new_launches == [], "nothing of the new topic is read until an operator says so"
 
 
 @pytest.mark.v3io

@@ -62,6 +62,39 @@ def test_older_states_read_and_are_written_back_at_the_current_version() -> None
         assert old.shards == state.shards and old.dead_letters == () and old.unrecorded_runs == {}
 
 
+def test_a_version_4_state_reads_with_no_identity_no_scope_and_untyped_parks() -> None:
+    """Version 5 added the stream's life: each shard's log identity, the repositioning that fences ranges, when its
+    log went missing and whether its part was removed, the cause of a park, the parts each member consumes, and the
+    key a state moved to. A version-4 state has none: its shards adopt their log's identity at the next tick (there
+    is nothing to compare with), its members consume the whole stream, and its parks keep their reason."""
+    state = balanced_start(2, ("a", "b"))
+    shard = state.shards["s0"]
+    parked = protocol.Parked(start=3, end=5, reason="run failed 3 time(s)", at=1.0)
+    state = state.model_copy(update={"shards": {**state.shards, "s0": protocol.state.evolve(shard, parked=parked)}})
+    raw = json.loads(encode_state(state))
+    raw["schema_version"] = 4
+    del raw["moved_to"]
+    for member in raw["members"].values():
+        del member["scope"]
+    for one in raw["shards"].values():
+        for name in ("identity", "repositioned", "missing_since", "removed"):
+            del one[name]
+        if one["parked"] is not None:
+            del one["parked"]["cause"]
+    old = decode_state(json.dumps(raw), where="t")
+    assert old.schema_version == 5 and old.moved_to is None
+    assert old == state, "every field of version 4 reads as it was, the new ones at their defaults"
+    assert all(m.scope is None for m in old.members.values())
+    assert old.shards["s0"].parked == parked and parked.cause == ""
+    assert all(s.identity is None and s.repositioned is None and not s.removed for s in old.shards.values())
+    view = protocol.StreamView(shards=("s0", "s1"), identities={"": "log-1"})
+    adopted = protocol.sync_log(old, view, "a", 10.0, POLICY)
+    assert [e.kind for e in adopted.events] == [], "a state that kept no identity adopts the current one silently"
+    assert {s.identity for s in adopted.shards.values()} == {"log-1"}
+    committed = {sid: s.committed for sid, s in old.shards.items()}
+    assert {sid: s.committed for sid, s in adopted.shards.items()} == committed
+
+
 def test_the_same_stored_text_is_decoded_once() -> None:
     state = balanced_start(3, ("a", "b"))
     text = encode_state(state)

@@ -215,7 +215,9 @@ def test_the_simulator_catches_a_zombie_told_already_committed(monkeypatch: pyte
     fenced = completion.commit
     keyed = planning.run_key
 
-    def old_commit(state: GroupState, presented: protocol.RangeReport) -> tuple[GroupState, protocol.CommitOutcome]:
+    def old_commit(
+        state: GroupState, presented: protocol.RangeReport, identity: str | None = None
+    ) -> tuple[GroupState, protocol.CommitOutcome]:
         shard = state.shards.get(presented.shard)
         if (
             shard is not None
@@ -224,7 +226,7 @@ def test_the_simulator_catches_a_zombie_told_already_committed(monkeypatch: pyte
             and shard.committed >= presented.end
         ):
             return state, protocol.CommitOutcome(accepted=True, already_committed=True, committed=shard.committed)
-        return fenced(state, presented)
+        return fenced(state, presented, identity)
 
     def key_without_epoch(group: str, shard: str, start: int, end: int, attempt: int, epoch: int | None = None) -> str:
         return keyed(group, shard, start, end, attempt)

@@ -14,10 +14,16 @@ from dagster_streamgroup.local.kafka_data import produce_records, produce_sample
 from dagster_streamgroup.member import GroupMember
 from dagster_streamgroup.protocol import GroupPolicy
 from dagster_streamgroup.stores.memory import MemoryStore
-from dagster_streamgroup.streams.base import CommitRejectedError, OffsetOutOfRangeError, StreamError
+from dagster_streamgroup.streams.base import (
+    CommitRejectedError,
+    OffsetOutOfRangeError,
+    RangeIncompleteError,
+    StreamError,
+)
 from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA, KafkaBackend, PartitionRange, read_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from tests.fixtures.kafka import TopicFactory, unique_name
+from tests.fixtures.kafka_tools import reset_with_kafkas_tool, topic_id
 
 pytestmark = pytest.mark.kafka
 
@@ -47,8 +53,11 @@ def test_a_missing_topic_and_a_foreign_shard_are_clear_errors(kafka_bootstrap: s
     with pytest.raises(StreamError, match="does not exist"):
         _backend(kafka_bootstrap, topic, unique_name("missing")).shards()
     backend = _backend(kafka_bootstrap, topic)
-    with pytest.raises(ValueError, match="not one of the stream's topics"):
-        backend.watermarks(["other:0"])
+    assert backend.watermarks([f"{topic}:0", "other:0"]).keys() == {f"{topic}:0"}, "a missing topic's shard has none"
+    listing = backend.listing()
+    assert listing.missing == frozenset() and listing.shards == [f"{topic}:0"]
+    missing = _backend(kafka_bootstrap, topic, "other")
+    assert missing.listing().missing == {"other"}, "a tick goes on without a missing topic (its shards are parked)"
     with pytest.raises(ValueError, match="is not '<topic>:<partition>'"):
         backend.watermarks([topic])
     with pytest.raises(ValueError, match="offset must be an int >= 0"):
@@ -299,3 +308,51 @@ def test_a_failed_call_on_one_thread_leaves_another_threads_request_and_the_succ
         raise KafkaException(KafkaError(KafkaError._TRANSPORT))  # the first thread's next request fails too
     assert backend._admin is successor, "a failure seen through the dropped client dropped its successor"
     assert backend.shards() == [f"{topic}:0", f"{topic}:1"]
+
+
+def test_a_range_past_the_end_of_its_partition_names_that_end_not_retention(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """A range beyond what a partition holds (the topic was recreated shorter, or truncated) fails at once, naming
+    the partition's end; it used to be an ``OffsetOutOfRangeError`` that blamed retention, with the earliest offset
+    (0) given as where the records would be."""
+    topic = kafka_topics(1)
+    [end] = produce_sample(kafka_bootstrap, topic, 1, 10).values()
+    backend = _backend(kafka_bootstrap, topic)
+    with pytest.raises(RangeIncompleteError) as caught:
+        list(backend.read_range(f"{topic}:0", end + 10, end + 20))
+    text = str(caught.value)
+    assert f"{topic}:0" in text and f"ends at {end}" in text and "recreated" in text, text
+    assert "retention" not in text, text
+
+
+def test_the_mirror_marks_its_offsets_and_leaves_an_offset_something_else_wrote_for_the_tick(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """The members' commits carry ``streamgroup:1:<topic id>`` in their metadata, and Kafka keeps it: the admin
+    client's ListConsumerGroupOffsets shows it as the consumer's OffsetFetch does (what ``group_offsets`` reads).
+    An offset committed without it (as Kafka's consumer-groups tool commits, and another application) is not
+    overwritten by a run's mirror, monotonic or not, so that the next tick sees it; ``restore`` writes over it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    topic = kafka_topics(1)
+    shard = f"{topic}:0"
+    produce_sample(kafka_bootstrap, topic, 1, 50)
+    backend = _backend(kafka_bootstrap, topic)
+    group = unique_name("g")
+    identity = topic_id(kafka_bootstrap, topic)
+    backend.commit(group, {shard: 20}, identities={shard: identity})
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+    [tp] = listed.topic_partitions
+    assert (tp.offset, tp.metadata) == (20, f"streamgroup:1:{identity}")
+    mirrored = backend.group_offsets(group, [shard])[shard]
+    assert mirrored is not None and mirrored.ours and mirrored.identity == identity and mirrored.offset == 20
+    reset_with_kafkas_tool(kafka_bootstrap, group, topic, "--to-offset", "5")
+    tool = backend.group_offsets(group, [shard])[shard]
+    assert tool is not None and (tool.offset, tool.ours) == (5, False), "the tool writes no marker"
+    assert backend.commit(group, {shard: 30}) == {shard: 5} and backend.committed(group, [shard]) == {shard: 5}
+    backend.commit(group, {shard: 30}, identities={shard: identity}, restore=True)
+    assert backend.group_offsets(group, [shard])[shard] == mirrored._replace(offset=30)
+    assert backend.commit(group, {shard: 40}, identities={shard: "another-topic-id"}) == {}, "a deleted log's offset"
+    assert backend.committed(group, [shard]) == {shard: 30}

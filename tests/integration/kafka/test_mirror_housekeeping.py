@@ -93,14 +93,20 @@ def test_the_state_is_keyed_by_the_cluster_not_by_the_bootstrap_spelling(
     assert by_ip.stream_id.startswith("kafka://cluster=") and "127.0.0.1" not in by_ip.stream_id
 
 
-def test_a_state_kept_under_the_old_bootstrap_list_key_is_carried_over_once(
-    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+@pytest.mark.parametrize("which", [0, 1], ids=["cluster and topic list", "bootstrap and topic list"])
+def test_a_state_kept_under_an_earlier_key_is_carried_over_once_and_closed(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path, which: int
 ) -> None:
+    """Earlier versions keyed the state by the cluster id and the topic list, and before that by the bootstrap list
+    and the topic list. A state under either is carried over once, with an event, and the old object is closed
+    (written at this schema, naming the new key): a member of the earlier version, which cannot read it any more,
+    stops instead of planning the same shards in a second state."""
     topic = kafka_topics(1)
     produce_sample(kafka_bootstrap, topic, 1, 100)
     store = SqlStateStore(f"sqlite:///{tmp_path / 'state.db'}")
     backend = kafka_backend(kafka_bootstrap, topic)
-    [old_stream] = backend.legacy_stream_ids
+    old_stream = backend.legacy_stream_ids[which]
+    assert backend.stream_id.startswith("kafka://cluster=") and topic not in backend.stream_id
     group = unique_name("g")
     old = protocol.new_group(old_stream, group, store.now())
     old = protocol.membership_step(old, "m0", store.now(), member_of(store, backend, group).policy, backend.shards())
@@ -112,11 +118,12 @@ def test_a_state_kept_under_the_old_bootstrap_list_key_is_carried_over_once(
     [launch] = member.tick().new_launches
     assert launch.start == 30, "the carried-over state's offsets hold"
     state = member.load()
-    assert state is not None and state.stream == backend.stream_id
+    assert state is not None and state.stream == backend.stream_id and state.moved_to is None
     assert [e.kind for e in state.events].count(EventKind.CARRIED_OVER) == 1
     member.commit(report_of(launch))
     member.tick()
     after = member.load()
     assert after is not None and [e.kind for e in after.events].count(EventKind.CARRIED_OVER) == 1
-    untouched, _ = store.load(state_key(old_stream, group))
-    assert untouched == old, "the old object stays as it was, for a rollback"
+    closed, _ = store.load(state_key(old_stream, group))
+    assert closed is not None and closed.moved_to == member.key
+    assert closed.model_copy(update={"moved_to": None, "revision": old.revision}) == old, "closed, otherwise as it was"

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from dagster_streamgroup.dagster.operator import shard_rows
 from dagster_streamgroup.member import GroupMember
-from dagster_streamgroup.protocol import report_of
+from dagster_streamgroup.protocol import EventKind, report_of
 from dagster_streamgroup.stores.memory import MemoryStore
 from tests.fixtures.kafka import TopicFactory, unique_name
 from tests.reliability.conftest import kafka_backend, member_of
@@ -155,17 +156,56 @@ def test_the_group_reads_an_open_transactions_records_once_it_commits(
     assert set(held) <= set(tx.committed_values)
 
 
-def test_read_uncommitted_reads_aborted_and_open_records_too(kafka_bootstrap: str, kafka_topics: TopicFactory) -> None:
+@pytest.mark.parametrize("level", ["read_uncommitted", "READ_UNCOMMITTED"])
+def test_read_uncommitted_reads_aborted_and_open_records_too(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, level: str
+) -> None:
     """What a user who sets ``isolation.level=read_uncommitted`` gets: every record written, aborted or not
-    committed yet, and no partition held by an open transaction."""
+    committed yet, and no partition held by an open transaction. librdkafka takes the value in any case, so the
+    planning does too (in upper case it used to plan to the last stable offset while the readers read past it)."""
     topic = kafka_topics(1)
     tx = Transactions(kafka_bootstrap, topic)
     tx.commit(3)
     tx.abort(2)
     tx.begin_open(4)
-    backend = kafka_backend(kafka_bootstrap, topic, **{"isolation.level": "read_uncommitted"})
+    backend = kafka_backend(kafka_bootstrap, topic, **{"isolation.level": level})
     member = member_of(MemoryStore(time.time), backend, unique_name("g"))
     assert sorted(drain(member)) == sorted(tx.committed_values + tx.aborted_values + tx.open_values)
     mark = backend.watermarks([f"{topic}:0"])[f"{topic}:0"]
     assert mark.uncommitted_high is None and not mark.held_by_open_transaction
     tx.producer.abort_transaction(30)
+
+
+def test_records_deleted_past_an_open_transaction_are_skipped_with_an_event_and_never_park_the_shard(
+    kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """DeleteRecords inside an open transaction moves the low watermark past the last stable offset. The records
+    below it are lost (a ``data_loss`` event, skipped under ``on_data_loss="earliest"``); the offset the group moves
+    to was written and waits on the transaction, so the shard waits too, and reads on once it commits. It used to
+    be parked as ``offsets_ahead`` after a session timeout, and to stay parked after the commit."""
+    topic = kafka_topics(1)
+    shard = f"{topic}:0"
+    tx = Transactions(kafka_bootstrap, topic)
+    tx.commit(5)
+    tx.begin_open(6)
+    backend = kafka_backend(kafka_bootstrap, topic)
+    member = member_of(MemoryStore(time.time), backend, unique_name("g"), on_data_loss="earliest")
+    assert drain(member) == tx.committed_values
+    stable = backend.watermarks([shard])[shard].high
+    cut = stable + 3  # inside the open transaction, below the high watermark
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, cut)], operation_timeout=10).values():
+        assert future.result().low_watermark == cut
+    mark = backend.watermarks([shard])[shard]
+    assert mark.low == cut > mark.high, "the low watermark passed the last stable offset"
+    report = member.tick()
+    [loss] = [e for e in report.new_events if e.kind == EventKind.DATA_LOSS]
+    assert (loss.start, loss.end) == (stable, cut)
+    deadline = time.monotonic() + 2 * member.policy.session_timeout_s
+    while time.monotonic() < deadline:
+        report = member.tick()
+        assert report.new_launches == [] and report.state.shards[shard].parked is None, report.new_events
+        time.sleep(member.policy.heartbeat_interval_s)
+    left = tx.open_values[3:]
+    tx.commit_open()
+    assert drain(member) == left, "once the transaction commits, the shard reads on from where the loss left it"

@@ -13,13 +13,21 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from dagster_streamgroup.dagster import KafkaStreamGroup
+from dagster_streamgroup.local.kafka_broker import BrokerInfo
 from dagster_streamgroup.local.kafka_data import produce_sample
 from dagster_streamgroup.spark.kafka_source import SPARK_KAFKA_SCHEMA, read_kafka_ranges
-from dagster_streamgroup.spark.ranges import ShardRange
-from dagster_streamgroup.spark.spark_kafka_source import read_ranges_with_spark_kafka
-from dagster_streamgroup.streams.base import OffsetOutOfRangeError
+from dagster_streamgroup.spark.ranges import ShardRange, as_shard_ranges
+from dagster_streamgroup.spark.spark_kafka_source import read_options, read_ranges_with_spark_kafka
+from dagster_streamgroup.streams.base import OffsetOutOfRangeError, RangeIncompleteError
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from tests.fixtures.kafka import TopicFactory
+from tests.integration.kafka.test_real_broker_behaviour import (
+    COMPACTED,
+    _plain_read,
+    _topic_with_config,
+    _until,
+    _write_compactable,
+)
 from tests.integration.kafka.test_transactions import Transactions
 from tests.integration.spark.test_kafka_source import plain_consumer_rows, spark_rows
 
@@ -134,3 +142,49 @@ def test_the_resource_reads_through_the_reader_auto_picks(
     df = resource.read_ranges(spark, {f"{topic}:0": (0, ends[0])})
     assert relation in df._jdf.queryExecution().optimizedPlan().toString()
     assert df.count() == ends[0]
+
+
+def test_a_range_past_the_end_of_its_partition_fails_instead_of_giving_a_short_dataframe(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topics: TopicFactory
+) -> None:
+    """A range planned over a partition that now holds fewer records (a topic recreated or truncated under it)
+    must fail, as the Python reader's does (``RangeIncompleteError``), and nothing be committed. Spark's source
+    used to run with ``failOnDataLoss=false``: ``[0, 150)`` over 100 records gave 100 rows and a WARN. The read
+    checks each range's end against what the partition holds first, and Spark's own check is on too, for records
+    that vanish between that check and the read."""
+    topic = kafka_topics(1, prefix="spark-kafka-short")
+    [end] = produce_sample(kafka_bootstrap, topic, 1, 99, value_size=10).values()
+    config = KafkaStreamConfig(bootstrap_servers=kafka_bootstrap, topics=[topic])
+    short = {f"{topic}:0": (0, end + 50)}
+    with pytest.raises(RangeIncompleteError, match=rf"{topic}:0 \[0, {end + 50}\).*ends at {end}"):
+        read_ranges_with_spark_kafka(spark, config, short).count()
+    # Spark's own check alone, without ours: its consumer waits a poll timeout (2 minutes by default) before it
+    # looks at the partition's end and reports the loss.
+    options = {**read_options(config, as_shard_ranges(short)), "kafkaConsumer.pollTimeoutMs": "3000"}
+    unchecked = spark.read.format("kafka").options(**options).load()
+    with pytest.raises(Exception, match=r"(?i)data.?loss|offset"):
+        unchecked.count()
+    assert read_ranges_with_spark_kafka(spark, config, {f"{topic}:0": (0, end)}).count() == end
+
+
+def test_a_compacted_range_reads_its_surviving_records_with_spark_checking_for_loss(
+    spark: SparkSession, kafka_broker: BrokerInfo, kafka_topics: TopicFactory
+) -> None:
+    """Holes that compaction leaves are not data loss: Spark's source (``failOnDataLoss=true``) reads the
+    survivors, exactly as the Python source and a plain consumer do."""
+    if kafka_broker.pid is None:
+        pytest.skip("needs the local broker's fast housekeeping (the cleaner checked every second)")
+    bootstrap = kafka_broker.bootstrap
+    topic = _topic_with_config(kafka_topics, 1, COMPACTED, "spark-kafka-compacted")
+    last = _write_compactable(bootstrap, topic)
+    survivors = sorted(last.values())
+    _until(lambda: [o for o, _k, _v in _plain_read(bootstrap, topic, 0)] == survivors, "a complete compaction")
+    config = KafkaStreamConfig(bootstrap_servers=bootstrap, topics=[topic])
+    ranges = {f"{topic}:0": (0, max(survivors) + 1)}
+    rows = spark_rows(read_ranges_with_spark_kafka(spark, config, ranges))
+    assert [r[4] for r in rows] == survivors
+    assert rows == spark_rows(read_kafka_ranges(spark, config, ranges))
+    middle = {f"{topic}:0": (survivors[1] + 1, survivors[-2])}  # starts and ends in holes
+    assert [r[4] for r in spark_rows(read_ranges_with_spark_kafka(spark, config, middle))] == [
+        o for o in survivors if middle[f"{topic}:0"][0] <= o < middle[f"{topic}:0"][1]
+    ]

@@ -1,0 +1,1 @@
+"""The topic-lifecycle bench: ``python -m bench.lifecycle`` (``bench.lifecycle.run``)."""

@@ -1,0 +1,236 @@
+"""The topic-lifecycle run's verdict: every record each topic version held is read exactly once, or reported by an
+event that names it.
+
+Pure: a test feeds it fabricated evidence (a record nobody read and no event names, one read twice, one read from
+another topic version than its range's, an event of another version) and sees each reported. The group state is
+not trusted: a record counts as read only if a committed run read it, with the payload the producer was
+acknowledged at that offset of that topic version (the payload names the version it was written to, so a range
+read from a recreated topic under the old topic's offsets is caught).
+
+A topic version is a topic name and the id Kafka gave it when it was created (a topic deleted and created again
+under the name is a new version). An event names records when it is one of:
+
+- ``data_loss`` of the shard, for offsets in ``[start, end)`` (records deleted before they were read);
+- ``recreated`` of the shard, for the old version it names (``identity OLD -> NEW``) and offsets from ``start``
+  on (the old topic was deleted before they were read);
+- ``removed`` of the shard, for offsets from ``start`` on, when the topic is not on the group's list at the end.
+
+Events other than ``recreated`` carry no topic id: each is given the version the group held the shard in at the
+time, from the shard's ``recreated`` events (before the first one: that event's old id; with none, the version
+created last before the event).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+RECREATED_IDS = re.compile(r"identity (\S+) -> ([^\s):]+)")
+
+
+@dataclass(frozen=True)
+class Version:
+    topic: str
+    number: int
+    topic_id: str
+    partitions: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    """A committed range and what its run read: ``records`` are ``(offset, payload)``."""
+
+    shard: str
+    identity: str | None
+    start: int
+    end: int
+    records: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    shard: str | None
+    start: int | None
+    end: int | None
+    detail: str
+    at: float
+
+
+@dataclass
+class Evidence:
+    versions: list[Version]
+    acked: dict[tuple[str, int, int], dict[int, bytes]]
+    """``(topic, version number, partition)`` -> offset -> payload, from the producer's delivery reports."""
+    reads: list[ReadRange]
+    events: list[Event]
+    final_topics: set[str]
+    """The group's list at the end (a topic removed for good may have records nobody was to read)."""
+
+
+@dataclass
+class Verdict:
+    acknowledged: int = 0
+    read: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    payload_mismatches: int = 0
+    unacknowledged_seen: int = 0
+    reported: dict[str, int] = field(default_factory=dict)
+    """Unread records by the event kind that names them."""
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[str]:
+        return [
+            f"{name} {value}"
+            for name, value in (
+                ("lost", self.lost),
+                ("duplicates", self.duplicates),
+                ("payload_mismatches", self.payload_mismatches),
+                ("unacknowledged_seen", self.unacknowledged_seen),
+            )
+            if value
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "acknowledged": self.acknowledged,
+            "read": self.read,
+            "lost": self.lost,
+            "duplicates": self.duplicates,
+            "payload_mismatches": self.payload_mismatches,
+            "unacknowledged_seen": self.unacknowledged_seen,
+            "reported_unread": dict(sorted(self.reported.items())),
+        }
+
+
+def payload(topic: str, number: int, partition: int, seq: int) -> bytes:
+    """What the producer writes: the record names the topic version and partition it was written to."""
+    return f"{topic}|{number}|{partition}|{seq}".encode()
+
+
+def payload_key(value: bytes) -> tuple[str, int, int] | None:
+    parts = value.decode(errors="replace").split("|")
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def _split(shard: str) -> tuple[str, int]:
+    topic, _, partition = shard.rpartition(":")
+    return topic, int(partition)
+
+
+def attribute(events: Sequence[Event], versions: Sequence[Version]) -> list[tuple[Event, str | None]]:
+    """Each event with the topic id of the version the group held its shard in when it happened."""
+    by_id = {v.topic_id: v for v in versions}
+    switches: dict[str, list[tuple[float, int, str, str]]] = defaultdict(list)
+    for i, event in enumerate(events):
+        if event.kind == "recreated" and event.shard is not None:
+            found = RECREATED_IDS.search(event.detail)
+            if found:
+                switches[event.shard].append((event.at, i, found.group(1), found.group(2)))
+    out: list[tuple[Event, str | None]] = []
+    for i, event in enumerate(events):
+        if event.shard is None:
+            out.append((event, None))
+            continue
+        if event.kind == "recreated":
+            found = RECREATED_IDS.search(event.detail)
+            out.append((event, found.group(1) if found else None))
+            continue
+        timeline = sorted(switches.get(event.shard, []))
+        before = [s for s in timeline if (s[0], s[1]) <= (event.at, i)]
+        after = [s for s in timeline if (s[0], s[1]) > (event.at, i)]
+        if before:
+            out.append((event, before[-1][3]))
+        elif after:
+            out.append((event, after[0][2]))
+        else:
+            topic, partition = _split(event.shard)
+            candidates = [
+                v for v in versions if v.topic == topic and v.partitions > partition and v.created_at <= event.at
+            ]
+            chosen = max(candidates, key=lambda v: v.created_at) if candidates else None
+            out.append((event, chosen.topic_id if chosen is not None and chosen.topic_id in by_id else None))
+    return out
+
+
+def check(evidence: Evidence) -> Verdict:
+    verdict = Verdict()
+    by_id = {v.topic_id: v for v in evidence.versions}
+    seen: Counter[tuple[str, int, int, int]] = Counter()
+    for r in evidence.reads:
+        version = by_id.get(r.identity or "")
+        topic, partition = _split(r.shard)
+        if version is None:
+            verdict.unacknowledged_seen += len(r.records)
+            verdict.details.append(f"{r.shard} [{r.start}, {r.end}) committed under an unknown identity {r.identity}")
+            continue
+        key = (topic, version.number, partition)
+        acked = evidence.acked.get(key, {})
+        for offset, value in r.records:
+            if not r.start <= offset < r.end:
+                verdict.payload_mismatches += 1
+                verdict.details.append(f"{r.shard}: offset {offset} read outside [{r.start}, {r.end})")
+                continue
+            if payload_key(value) != key:
+                verdict.payload_mismatches += 1
+                verdict.details.append(f"{r.shard}@{offset}: read {value[:60]!r}, the range's version is {key}")
+                continue
+            if offset not in acked:
+                verdict.unacknowledged_seen += 1
+                continue
+            if acked[offset] != value:
+                verdict.payload_mismatches += 1
+                continue
+            seen[(topic, version.number, partition, offset)] += 1
+    verdict.read = len(seen)
+    for record, count in seen.items():
+        if count > 1:
+            verdict.duplicates += count - 1
+            if len(verdict.details) < 40:
+                verdict.details.append(f"{record} read {count} times")
+    covering = _coverage(evidence)
+    for (topic, number, partition), offsets in evidence.acked.items():
+        version = next(v for v in evidence.versions if (v.topic, v.number) == (topic, number))
+        spans = covering.get((version.topic_id, partition), [])
+        for offset in offsets:
+            verdict.acknowledged += 1
+            if (topic, number, partition, offset) in seen:
+                continue
+            cause = next((kind for kind, lo, hi in spans if lo <= offset < hi), None)
+            if cause is not None:
+                verdict.reported[cause] = verdict.reported.get(cause, 0) + 1
+                continue
+            verdict.lost += 1
+            if len(verdict.details) < 40:
+                verdict.details.append(f"{topic} v{number} ({version.topic_id}) :{partition}@{offset} unread, no event")
+    return verdict
+
+
+def _coverage(evidence: Evidence) -> dict[tuple[str, int], list[tuple[str, int, float]]]:
+    """(topic id, partition) -> the spans of offsets events report unread, with the kind of each."""
+    out: dict[tuple[str, int], list[tuple[str, int, float]]] = defaultdict(list)
+    for event, topic_id in attribute(evidence.events, evidence.versions):
+        if event.shard is None or topic_id is None or event.start is None:
+            continue
+        topic, partition = _split(event.shard)
+        if event.kind == "data_loss" and event.end is not None:
+            out[(topic_id, partition)].append(("data_loss", event.start, event.end))
+        elif event.kind == "recreated":
+            out[(topic_id, partition)].append(("recreated", event.start, float("inf")))
+        elif event.kind == "removed" and topic not in evidence.final_topics:
+            out[(topic_id, partition)].append(("removed", event.start, float("inf")))
+    return out
+
+
+def summary(verdict: Verdict, extra: Mapping[str, Any], errors: Iterable[str]) -> dict[str, Any]:
+    """The run's JSON line: the verdict's figures, what the driver measured, and why it failed (if it did)."""
+    failures = [*verdict.failures, *(f"error: {e}" for e in errors)]
+    return {**extra, **verdict.as_dict(), "failures": failures, "passed": not failures, "details": verdict.details[:20]}

@@ -1,0 +1,89 @@
+"""The topic-lifecycle bench's check, on fabricated evidence: each way of losing or doubling a record is reported,
+and each event kind names exactly the records it may."""
+
+from __future__ import annotations
+
+from bench.lifecycle.check import Event, Evidence, ReadRange, Version, check, payload, summary
+from bench.lifecycle.run import KINDS, plan
+
+V0 = Version("t", 0, "ID0", 1, 0.0)
+V1 = Version("t", 1, "ID1", 1, 100.0)
+
+
+def acked(version: Version, offsets: range) -> dict[tuple[str, int, int], dict[int, bytes]]:
+    return {(version.topic, version.number, 0): {o: payload(version.topic, version.number, 0, o) for o in offsets}}
+
+
+def read(version: Version, start: int, end: int, offsets: range | None = None) -> ReadRange:
+    got = range(start, end) if offsets is None else offsets
+    records = tuple((o, payload(version.topic, version.number, 0, o)) for o in got)
+    return ReadRange("t:0", version.topic_id, start, end, records)
+
+
+def evidence(reads: list[ReadRange], events: list[Event] | None = None, final: set[str] | None = None) -> Evidence:
+    return Evidence(
+        versions=[V0, V1],
+        acked={**acked(V0, range(10)), **acked(V1, range(5))},
+        reads=reads,
+        events=events or [],
+        final_topics={"t"} if final is None else final,
+    )
+
+
+def recreated(start: int, at: float = 100.0) -> Event:
+    return Event("recreated", "t:0", start, None, "... (identity ID0 -> ID1): offsets ... not read", at)
+
+
+def test_every_record_read_once_passes() -> None:
+    verdict = check(evidence([read(V0, 0, 10), read(V1, 0, 5)]))
+    assert verdict.failures == [] and verdict.read == 15 == verdict.acknowledged
+
+
+def test_an_unread_record_no_event_names_is_lost() -> None:
+    verdict = check(evidence([read(V0, 0, 8), read(V1, 0, 5)]))
+    assert verdict.lost == 2 and verdict.failures == ["lost 2"]
+
+
+def test_a_recreated_event_names_the_old_versions_unread_records_only() -> None:
+    verdict = check(evidence([read(V0, 0, 8), read(V1, 0, 5)], [recreated(8)]))
+    assert verdict.failures == [] and verdict.reported == {"recreated": 2}
+    new_unread = check(evidence([read(V0, 0, 8), read(V1, 0, 3)], [recreated(8)]))
+    assert new_unread.lost == 2, "the event names the old version, not the new one"
+    too_late = check(evidence([read(V0, 0, 8), read(V1, 0, 5)], [recreated(9)]))
+    assert too_late.lost == 1, "offset 8 is below what the event names"
+
+
+def test_a_data_loss_event_is_given_to_the_version_the_group_held_then() -> None:
+    loss_old = Event("data_loss", "t:0", 8, 10, "offsets [8, 10) fell out of retention", 50.0)
+    verdict = check(evidence([read(V0, 0, 8), read(V1, 0, 5)], [loss_old, recreated(10)]))
+    assert verdict.failures == [] and verdict.reported == {"data_loss": 2}
+    loss_new = Event("data_loss", "t:0", 0, 2, "offsets [0, 2) fell out of retention", 150.0)
+    after = check(evidence([read(V0, 0, 10), read(V1, 2, 5)], [recreated(10), loss_new]))
+    assert after.failures == [] and after.reported == {"data_loss": 2}
+    wrong = check(evidence([read(V0, 0, 8), read(V1, 0, 5)], [recreated(8, at=10.0), loss_old]))
+    assert wrong.reported == {"recreated": 2}, "an event after the switch names the new version's offsets"
+
+
+def test_a_removed_event_counts_only_for_a_topic_off_the_list_at_the_end() -> None:
+    removed = Event("removed", "t:0", 8, None, "'t' is on no member's list any more", 50.0)
+    off = check(evidence([read(V0, 0, 8), read(V1, 0, 5)], [removed], final=set()))
+    assert off.failures == [] and off.reported == {"removed": 2}
+    back = check(evidence([read(V0, 0, 8), read(V1, 0, 5)], [removed], final={"t"}))
+    assert back.lost == 2, "a topic put back on the list must be read to its end"
+
+
+def test_a_record_read_twice_from_another_version_or_not_acknowledged_is_reported() -> None:
+    twice = check(evidence([read(V0, 0, 10), read(V0, 5, 10), read(V1, 0, 5)]))
+    assert twice.duplicates == 5 and "duplicates 5" in twice.failures
+    other = ReadRange("t:0", "ID0", 0, 5, tuple((o, payload("t", 1, 0, o)) for o in range(5)))
+    mixed = check(evidence([other, read(V0, 5, 10), read(V1, 0, 5)]))
+    assert mixed.payload_mismatches == 5, "the new topic's records under the old topic's range"
+    assert mixed.lost == 5
+    ghost = check(evidence([read(V0, 0, 12), read(V1, 0, 5)]))
+    assert ghost.unacknowledged_seen == 2
+
+
+def test_the_plan_holds_every_kind_and_the_summary_fails_on_errors() -> None:
+    assert set(plan(8, 1)) == set(KINDS) and len(plan(20, 1)) == 20 and plan(20, 1) == plan(20, 1)
+    line = summary(check(evidence([read(V0, 0, 10), read(V1, 0, 5)])), {"records": 15}, ["drain timed out"])
+    assert line["passed"] is False and line["failures"] == ["error: drain timed out"] and line["records"] == 15
