@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,13 @@ MAX_RECORDS_PER_REQUEST = 10_000
 NEVER = v3io.dataplane.RaiseForStatus.never
 _CONDITION_FALSE = "16777244"
 
+
+IDENTITY_ATTRIBUTE = "__streamgroup_log_id"
+"""The identity of a shard's log: a random id the first member to list the shard writes on its object, once
+(conditional on its absence). A stream deleted and created again at its path has new shard objects without it,
+so they get new ones: the offsets the group holds count in a log that is gone (``protocol.lifecycle``). v3io
+exposes no creation time it promises to keep (``__ctime_*`` may be POSIX change time), so the marker is ours.
+Group-neutral: every group of the stream reads the same identity."""
 
 STATE_ATTRIBUTE = "state"
 """Where v3io-go keeps a group's state in its state item (and our v3io store keeps ours)."""
@@ -164,6 +172,35 @@ class V3ioStream:
             raise self._fail(what, response)
         item: dict[str, Any] = response.output.item
         return item
+
+    def shard_identity(self, shard: int) -> str | None:
+        """The identity of the shard's log (``IDENTITY_ATTRIBUTE``), written now if the shard object has none yet;
+        ``None`` when the shard has no object (no record written yet: nothing to count offsets in)."""
+        for _ in range(3):
+            item = self.shard_attributes(shard, [IDENTITY_ATTRIBUTE])
+            if item is None:
+                return None
+            found = item.get(IDENTITY_ATTRIBUTE)
+            if isinstance(found, str) and found:
+                return found
+            marker = uuid.uuid4().hex
+            what = f"marking the log of shard {shard}"
+            condition = f"(__obj_type == 3) AND (NOT exists({IDENTITY_ATTRIBUTE}))"
+            response = self._call(
+                what,
+                self.client.kv.update,
+                self.container,
+                self.path,
+                str(shard),
+                attributes={IDENTITY_ATTRIBUTE: marker},
+                condition=condition,
+            )
+            if response.status_code == 200:
+                return marker
+            if response.status_code != 400 or _CONDITION_FALSE not in _body(response):
+                raise self._fail(what, response)
+            # Another member marked it first, or the object went (the stream deleted): read again.
+        raise StreamError(f"{self.config.stream_id}: shard {shard}: its log marker {IDENTITY_ATTRIBUTE} kept changing")
 
     def last_sequence(self, shard: int) -> int:
         """The last sequence number written to the shard (0 when none)."""
@@ -330,12 +367,28 @@ class V3ioBackend:
         return [str(i) for i in range(self.stream.shard_count())]
 
     def listing(self) -> StreamListing:
-        """The shards; no identities yet (a stream deleted and created again is caught by its offsets only, when
-        they fall below the group's: ``planning._offsets_ahead``), and a missing stream is an error."""
-        return StreamListing(shards=self.shards(), identities={}, missing=frozenset())
+        """The shards and their logs' identities (``IDENTITY_ATTRIBUTE``; a shard with no record yet has none, and a
+        stream created again before its first record is caught by its offsets, ``planning._offsets_ahead``, until
+        one arrives); a missing stream is an error."""
+        shards = self.shards()
+        return StreamListing(shards=shards, identities=self.identities(shards), missing=frozenset())
 
     def identities(self, shards: Sequence[str]) -> dict[str, str]:
-        return {}
+        out: dict[str, str] = {}
+        for shard in shards:
+            identity = self.stream.shard_identity(parse_shard(shard))
+            if identity is not None:
+                out[shard] = identity
+        return out
+
+    def _current(self, offsets: Mapping[str, int], identities: Mapping[str, str | None] | None) -> set[str]:
+        """The shards of ``offsets`` whose log is still the one their offset counts in (``identities``; a shard
+        without one is taken as current)."""
+        named = {s: i for s, i in (identities or {}).items() if s in offsets and i is not None}
+        if not named:
+            return set(offsets)
+        now = self.identities(list(named))
+        return {s for s in offsets if s not in named or now.get(s) == named[s]}
 
     @property
     def watches_group_offsets(self) -> bool:
@@ -410,19 +463,25 @@ class V3ioBackend:
         restore: bool = False,
     ) -> dict[str, int]:
         """Raise each shard's attribute to ``offset - 1`` unless it is already there or higher (``restore``: set
-        it whatever it holds, backwards too: an operator's reset). ``identities`` and ``refresh`` change nothing
-        here: the stream has no identities yet, and an attribute does not expire.
+        it whatever it holds, backwards too: an operator's reset). An offset whose log identity (``identities``) is
+        not the shard's now is not written: it counts in a stream that was deleted. ``refresh`` changes nothing
+        here: an attribute does not expire.
 
         A shard with no records yet has no object to hold the attribute: a commit at its start
         (offset <= 1, nothing processed) is left out of the result; a larger one is refused."""
         attribute = committed_attribute(group)
         if offsets:
             self.check_group_is_ours(group, before=f"committing its offsets of shards {sorted(offsets)}")
-        effective: dict[str, int] = {}
         for shard, offset in offsets.items():
-            number = parse_shard(shard)
+            parse_shard(shard)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset of shard {shard} must be an integer >= 0, got {offset!r}")
+        current = self._current(offsets, identities)
+        effective: dict[str, int] = {}
+        for shard, offset in offsets.items():
+            if shard not in current:
+                continue
+            number = parse_shard(shard)
             last_processed = max(offset - 1, FIRST_SEQUENCE - 1)
             condition = f"(__obj_type == 3) AND ((NOT exists({attribute})) OR ({attribute} < {last_processed}))"
             if restore:

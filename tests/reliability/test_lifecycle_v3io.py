@@ -1,0 +1,133 @@
+"""A v3io stream over the group's whole life, against the local v3io server with the real ``v3io`` client: the
+stream deleted and created again at its path (below and past the committed offset, under a range in flight), and
+the state store lost after a ``seek="latest"`` start.
+
+The same cases as ``test_lifecycle.py`` for Kafka, through the same protocol hooks: the backend gives each shard's
+log an identity (a marker attribute on the shard object, see ``streams/v3io.py``), so a re-created stream is a
+``recreated`` event and follows ``on_recreated``, never a skip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dagster_streamgroup import protocol
+from dagster_streamgroup.member import update_state
+from dagster_streamgroup.protocol import GroupState, Launch
+from dagster_streamgroup.stores.sql import SqlStateStore
+from dagster_streamgroup.streams.v3io import IDENTITY_ATTRIBUTE, V3ioBackend, committed_attribute
+from tests.fixtures.v3io import unique_v3io_name
+from tests.integration.v3io.conftest import CONTAINER, NewStream, put
+from tests.reliability.conftest import commit_in_flight, member_of
+
+pytestmark = pytest.mark.v3io
+
+
+def spans(launches: list[Launch]) -> list[tuple[str, int, int]]:
+    return sorted((x.shard, x.start, x.end) for x in launches)
+
+
+def recreate(client: Any, backend: V3ioBackend, shards: int) -> None:
+    """The stream deleted and created again at the same path (its shards' sequence numbers from 1 again)."""
+    client.stream.delete(CONTAINER, backend.config.stream_path)
+    client.stream.create(CONTAINER, backend.config.stream_path, shard_count=shards)
+
+
+def unpark(member: Any, shard: str) -> None:
+    def transition(current: GroupState | None, now: float) -> tuple[GroupState | None, None]:
+        assert current is not None
+        return protocol.unpark(current, shard, now), None
+
+    update_state(member.store, member.key, transition)
+
+
+def test_each_shard_log_has_an_identity_that_a_recreated_stream_changes(
+    new_stream: NewStream, v3io_client: Any
+) -> None:
+    """A shard object gets its marker once (any reader may write it, the first one wins); an empty shard has no
+    object, so no identity yet; the stream created again at the path gives its shards new ones."""
+    backend = new_stream(2)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"a"])
+    first = backend.listing().identities
+    assert set(first) == {"0"}, "an empty shard has no object to carry an identity"
+    assert backend.identities(["0", "1"]) == first == backend.listing().identities, "stable while the log lives"
+    stored = v3io_client.kv.get(CONTAINER, path, "0", attribute_names=[IDENTITY_ATTRIBUTE]).output.item
+    assert stored == {IDENTITY_ATTRIBUTE: first["0"]}
+    recreate(v3io_client, backend, 2)
+    put(v3io_client, path, 0, [b"b"])
+    assert backend.identities(["0"])["0"] != first["0"]
+
+
+@pytest.mark.parametrize("new_records", [5, 30], ids=["below the committed offset", "past the committed offset"])
+@pytest.mark.parametrize("on_recreated", ["park", "earliest"])
+def test_a_recreated_stream_is_an_event_and_follows_on_recreated(
+    new_stream: NewStream, v3io_client: Any, sqlite_url: str, on_recreated: str, new_records: int
+) -> None:
+    """Issue 52 case 1: committed at 21, the stream deleted and created again with 5 (or 30) records. The old
+    backend listed no identity, so the group waited for the offset (5) or read ``[21, 31)`` (30): records 1-20 of
+    the new stream never read, no event."""
+    backend = new_stream(1)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"old"] * 20)
+    overrides = {} if on_recreated == "park" else {"on_recreated": on_recreated}
+    member = member_of(SqlStateStore(sqlite_url), backend, unique_v3io_name("g"), **overrides)
+    assert spans(member.tick().new_launches) == [("0", 1, 21)]
+    commit_in_flight(member)
+    recreate(v3io_client, backend, 1)
+    put(v3io_client, path, 0, [b"new"] * new_records)
+    report = member.tick()
+    [event] = [e for e in report.new_events if e.kind == "recreated"]
+    assert event.shard == "0" and event.start == 21, event
+    if on_recreated == "park":
+        assert report.new_launches == [], "nothing of the new stream is read past an offset of the old one"
+        parked = report.state.shards["0"].parked
+        assert parked is not None and "recreated" in parked.reason
+        unpark(member, "0")
+        report = member.tick()
+    assert spans(report.new_launches) == [("0", 1, new_records + 1)], "the new stream is read from its first record"
+    commit_in_flight(member)
+    attribute = committed_attribute(member.group)
+    stored = v3io_client.kv.get(CONTAINER, path, "0", attribute_names=[attribute]).output.item
+    assert stored == {attribute: new_records}, "the mirror counts in the new stream"
+
+
+def test_a_range_in_flight_when_its_stream_is_recreated_is_refused(
+    new_stream: NewStream, v3io_client: Any, sqlite_url: str
+) -> None:
+    """A run that read the old stream and commits after it was re-created (and grew past the range) is refused:
+    its offsets count in a log that is gone, and nothing is mirrored onto the new one."""
+    backend = new_stream(1)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"old"] * 10)
+    member = member_of(SqlStateStore(sqlite_url), backend, unique_v3io_name("g"))
+    assert spans(member.tick().new_launches) == [("0", 1, 11)]
+    recreate(v3io_client, backend, 1)
+    put(v3io_client, path, 0, [b"new"] * 15)
+    [outcome] = commit_in_flight(member).values()
+    assert not outcome.accepted and outcome.refusal is not None, outcome
+    attribute = committed_attribute(member.group)
+    stored = v3io_client.kv.get(CONTAINER, path, "0", attribute_names=[attribute]).output.item
+    assert attribute not in stored, "no offset of the old stream lands on the new one"
+
+
+def test_a_lost_state_resumes_where_seek_latest_first_put_the_shards(
+    new_stream: NewStream, v3io_client: Any, tmp_path: Path
+) -> None:
+    """Issue 52 case 2: a shard positioned by ``seek="latest"`` is mirrored into its committed-sequence attribute
+    at once, so a state lost before the first commit resumes there, not from the seek policy again."""
+    backend = new_stream(2)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"x"] * 4)
+    put(v3io_client, path, 1, [b"y"] * 5)
+    group = unique_v3io_name("g")
+    lost = member_of(SqlStateStore(f"sqlite:///{tmp_path / 'lost.db'}"), backend, group, seek="latest")
+    assert lost.tick().new_launches == []
+    assert backend.committed(group, ["0", "1"]) == {"0": 5, "1": 6}, "mirrored at once"
+    put(v3io_client, path, 0, [b"w"] * 3)
+    put(v3io_client, path, 1, [b"w"] * 2)
+    fresh = member_of(SqlStateStore(f"sqlite:///{tmp_path / 'fresh.db'}"), backend, group, seek="latest")
+    assert spans(fresh.tick().new_launches) == [("0", 5, 8), ("1", 6, 8)]
