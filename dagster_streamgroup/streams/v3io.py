@@ -79,6 +79,16 @@ def group_state_item(group: str) -> str:
     return f"{check_group(group)}-state.json"
 
 
+def group_marker_item(group: str) -> str:
+    """The item, beside the shards, that says the group has positioned this stream (``V3ioBackend.group_offsets``).
+    A shard without records has no object to hold the committed attribute, so without it a group whose state was
+    lost could not tell a shard it had positioned at its start from a stream it never consumed."""
+    return f"{check_group(group)}-streamgroup-positioned"
+
+
+POSITIONED_ATTRIBUTE = "positioned_at"
+
+
 def committed_attribute(group: str) -> str:
     """The shard attribute v3io-go/Nuclio keep a group's last processed sequence number in."""
     return f"__{check_group(group)}_committed_sequence_number"
@@ -341,6 +351,7 @@ class V3ioBackend:
         self.config = config
         self.stall_timeout_s = stall_timeout_s
         self._stream: V3ioStream | None = None
+        self._marked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"V3ioBackend({self.stream_id!r})"
@@ -396,10 +407,44 @@ class V3ioBackend:
 
     def group_offsets(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
         """The shard attributes, always ours: the attribute's name is the group's, and a v3io-go group of the same
-        name is refused before anything is read."""
-        return {
-            s: None if o is None else MirroredOffset(o, ours=True) for s, o in self.committed(group, shards).items()
-        }
+        name is refused before anything is read.
+
+        A shard without the attribute is at its first record for a group that has positioned the stream before
+        (``group_marker_item``): it was empty then (no object to hold an offset), or added since (read from its
+        start whatever the seek policy), so a state lost since resumes there rather than from the seek policy."""
+        found = self.committed(group, shards)
+        if any(o is None for o in found.values()) and self._positioned(group):
+            found = {s: FIRST_SEQUENCE if o is None else o for s, o in found.items()}
+        return {s: None if o is None else MirroredOffset(o, ours=True) for s, o in found.items()}
+
+    def _positioned(self, group: str) -> bool:
+        if group in self._marked:
+            return True
+        name = group_marker_item(group)
+        item = self.stream.item_attributes(name, [POSITIONED_ATTRIBUTE], what=f"reading the item {name}")
+        if item is not None and POSITIONED_ATTRIBUTE in item:
+            self._marked.add(group)
+            return True
+        return False
+
+    def _mark_positioned(self, group: str) -> None:
+        """Write ``group_marker_item`` once (the first commit of the group's offsets in this stream)."""
+        if self._positioned(group):
+            return
+        name = group_marker_item(group)
+        what = f"writing the item {name}"
+        response = self.stream._call(
+            what,
+            self.stream.client.kv.update,
+            self.config.container,
+            self.config.stream_path,
+            name,
+            attributes={POSITIONED_ATTRIBUTE: int(time.time())},
+            condition=f"NOT exists({POSITIONED_ATTRIBUTE})",
+        )
+        if response.status_code != 200 and (response.status_code != 400 or _CONDITION_FALSE not in _body(response)):
+            raise self.stream._fail(what, response)
+        self._marked.add(group)
 
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
         return {shard: self.stream.watermarks(parse_shard(shard)) for shard in shards}
@@ -477,6 +522,8 @@ class V3ioBackend:
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset of shard {shard} must be an integer >= 0, got {offset!r}")
         current = self._current(offsets, identities)
+        if current:
+            self._mark_positioned(group)
         effective: dict[str, int] = {}
         for shard, offset in offsets.items():
             if shard not in current:

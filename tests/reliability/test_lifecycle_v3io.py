@@ -131,3 +131,25 @@ def test_a_lost_state_resumes_where_seek_latest_first_put_the_shards(
     put(v3io_client, path, 1, [b"w"] * 2)
     fresh = member_of(SqlStateStore(f"sqlite:///{tmp_path / 'fresh.db'}"), backend, group, seek="latest")
     assert spans(fresh.tick().new_launches) == [("0", 5, 8), ("1", 6, 8)]
+
+
+def test_a_lost_state_reads_a_shard_that_was_empty_from_its_first_record(
+    new_stream: NewStream, v3io_client: Any, tmp_path: Path
+) -> None:
+    """Issue 52 case 2, the empty shard: ``seek="latest"`` positioned it at 1, but a shard without records has no
+    object to hold the committed attribute. The group's marker item beside the shards says the group had
+    positioned the stream, so after the state is lost the records written since are read from 1, not skipped by
+    the seek policy; a group that never ran still starts at latest."""
+    backend = new_stream(2)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"x"] * 4)
+    group = unique_v3io_name("g")
+    lost = member_of(SqlStateStore(f"sqlite:///{tmp_path / 'lost.db'}"), backend, group, seek="latest")
+    assert lost.tick().new_launches == []
+    put(v3io_client, path, 1, [b"y"] * 3)
+    fresh = member_of(SqlStateStore(f"sqlite:///{tmp_path / 'fresh.db'}"), backend, group, seek="latest")
+    assert spans(fresh.tick().new_launches) == [("1", 1, 4)]
+    other = member_of(
+        SqlStateStore(f"sqlite:///{tmp_path / 'other.db'}"), backend, unique_v3io_name("g"), seek="latest"
+    )
+    assert other.tick().new_launches == [], "a new group still starts where seek says"
