@@ -496,8 +496,9 @@ def reset_command(
     dry_run: bool,
 ) -> None:
     """Move the group's shards, the supported way: through the group state (one compare-and-set, an event per
-    shard, the ranges in flight fenced), then Kafka's group offsets. A reset made with Kafka's own
-    kafka-consumer-groups tool is refused by the members and restored."""
+    shard, the ranges in flight fenced), then the stream's record of them (Kafka's group offsets, v3io's
+    committed-sequence shard attributes). A reset made around the group (Kafka's kafka-consumer-groups tool, a
+    v3io attribute set by hand as Nuclio users replay) is refused by the members and restored."""
     from dagster_streamgroup.dagster.operator import OperatorError, apply_reset, plan_reset
 
     chosen = [s for s in (when is not None, offset is not None, to is not None) if s]

@@ -492,7 +492,8 @@ def apply_reset(resource: StreamGroupResource, moves: Sequence[ResetMove]) -> tu
 
 def mirror_warnings(resource: StreamGroupResource, state: GroupState) -> list[str]:
     """What ``streamgroup status`` warns of: offsets in the stream's record of the group that something other than
-    the members wrote (a reset made with Kafka's tool), which the next member tick refuses and restores."""
+    the members wrote (a reset made with Kafka's tool, a v3io committed-sequence attribute set by hand), which the
+    next member tick refuses and restores."""
     backend = resource.backend()
     try:
         listed = set(backend.listing().shards)
@@ -506,7 +507,8 @@ def mirror_warnings(resource: StreamGroupResource, state: GroupState) -> list[st
             continue
         warnings.append(
             f"{shard}: the stream's record of the group's offset is {mirrored.offset}, set by something other than "
-            f"this group's members (kafka-consumer-groups --reset-offsets?); the group goes on from {committed} and "
+            f"this group's members (kafka-consumer-groups --reset-offsets, or a v3io shard's committed-sequence "
+            f"attribute set by hand?); the group goes on from {committed} and "
             "its next tick refuses and restores it. Move the group with `streamgroup reset`."
         )
     return warnings

@@ -333,8 +333,9 @@ def _position(
 def _adopted(shard_id: str, member_id: str, now: float, offset: int) -> GroupEvent:
     detail = (
         f"shard {shard_id} starts at offset {offset}: the stream's record of the group's offset holds it, written by "
-        "something other than this group's members (Kafka's consumer-groups tool, another application, or a version "
-        "before the members marked their commits); the group had no position of its own (a new or lost state)"
+        "something other than this group's members (Kafka's consumer-groups tool, a v3io shard's committed-sequence "
+        "attribute set by hand, another application, or a version before the members marked their commits); the group "
+        "had no position of its own (a new or lost state)"
     )
     return GroupEvent(kind=EventKind.ADOPTED, at=now, shard=shard_id, member_id=member_id, start=offset, detail=detail)
 
@@ -342,7 +343,8 @@ def _adopted(shard_id: str, member_id: str, now: float, offset: int) -> GroupEve
 def _reset_refused(shard_id: str, member_id: str, now: float, offset: int, committed: int) -> GroupEvent:
     detail = (
         f"the stream's record of the group's offset of shard {shard_id} was set to {offset} by something other than "
-        f"this group's members (e.g. kafka-consumer-groups --reset-offsets): not applied, the group goes on from "
+        f"this group's members (e.g. kafka-consumer-groups --reset-offsets, or a v3io shard's committed-sequence "
+        "attribute set by hand, Nuclio's way to replay): not applied, the group goes on from "
         f"{committed} and the record is restored to it. The group's offsets live in its state, where every move is "
         "fenced against the runs in flight: move the group with `streamgroup reset`"
     )

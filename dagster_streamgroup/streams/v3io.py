@@ -10,7 +10,15 @@ The group's offsets are mirrored into the shard attribute that v3io-go and Nucli
 ``__<group>_committed_sequence_number``, in their convention: the sequence number of the *last processed*
 record. Our committed offset ``c`` (next to read) is stored as ``c - 1``. Writes are conditional
 (``__obj_type == 3`` as v3io-go guards shard commits, and "absent or lower"), so a concurrent writer of a
-lower value can never move the attribute backwards.
+lower value can never move the attribute backwards. Each write also sets ``__<group>_streamgroup_mirrored`` to
+the same value, so an attribute that holds anything else was set around the group (Nuclio's way to replay a
+trigger's group): a member tick refuses it with a ``reset_refused`` event and restores it, and a commit leaves
+it for that tick rather than overwrite it unseen. ``streamgroup reset`` is the supported way to move a group.
+
+Each shard object carries the identity of its log (``IDENTITY_ATTRIBUTE``), so a stream deleted and created
+again at its path is told from the old one whatever its records; and an item beside the shards
+(``group_marker_item``) says the group has positioned the stream, for the shards whose lack of records leaves
+no object to hold an offset.
 """
 
 from __future__ import annotations
@@ -92,6 +100,13 @@ POSITIONED_ATTRIBUTE = "positioned_at"
 def committed_attribute(group: str) -> str:
     """The shard attribute v3io-go/Nuclio keep a group's last processed sequence number in."""
     return f"__{check_group(group)}_committed_sequence_number"
+
+
+def mirror_attribute(group: str) -> str:
+    """Beside ``committed_attribute``: the value the group's members last wrote there. The committed attribute
+    holding anything else was set by something else (Nuclio's way to replay a group: the attribute set on a
+    shard), which a member tick refuses visibly and restores, as a reset made with Kafka's tool."""
+    return f"__{check_group(group)}_streamgroup_mirrored"
 
 
 def parse_shard(shard: str) -> int:
@@ -403,19 +418,21 @@ class V3ioBackend:
 
     @property
     def watches_group_offsets(self) -> bool:
-        return False
+        """True: a replay set on the committed attribute (Nuclio's habit) must be seen on an idle shard too."""
+        return True
 
     def group_offsets(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
-        """The shard attributes, always ours: the attribute's name is the group's, and a v3io-go group of the same
-        name is refused before anything is read.
+        """The shard attributes, ``ours`` where ``mirror_attribute`` agrees (a v3io-go group of the same name is
+        refused before anything is read).
 
         A shard without the attribute is at its first record for a group that has positioned the stream before
         (``group_marker_item``): it was empty then (no object to hold an offset), or added since (read from its
         start whatever the seek policy), so a state lost since resumes there rather than from the seek policy."""
-        found = self.committed(group, shards)
+        found = self._stored(group, shards)
         if any(o is None for o in found.values()) and self._positioned(group):
-            found = {s: FIRST_SEQUENCE if o is None else o for s, o in found.items()}
-        return {s: None if o is None else MirroredOffset(o, ours=True) for s, o in found.items()}
+            first = MirroredOffset(FIRST_SEQUENCE, ours=True)
+            found = {s: first if o is None else o for s, o in found.items()}
+        return found
 
     def _positioned(self, group: str) -> bool:
         if group in self._marked:
@@ -489,13 +506,17 @@ class V3ioBackend:
         )
 
     def committed(self, group: str, shards: Sequence[str]) -> dict[str, int | None]:
+        return {s: None if m is None else m.offset for s, m in self._stored(group, shards).items()}
+
+    def _stored(self, group: str, shards: Sequence[str]) -> dict[str, MirroredOffset | None]:
+        """The committed attributes as offsets, each ``ours`` where ``mirror_attribute`` holds the same value."""
         self.check_group_is_ours(group, before="reading its committed offsets")
-        attribute = committed_attribute(group)
-        out: dict[str, int | None] = {}
+        attribute, mirror = committed_attribute(group), mirror_attribute(group)
+        out: dict[str, MirroredOffset | None] = {}
         for shard in shards:
-            item = self.stream.shard_attributes(parse_shard(shard), [attribute])
-            value = None if item is None else item.get(attribute)
-            out[shard] = None if value is None else int(value) + 1
+            item = self.stream.shard_attributes(parse_shard(shard), [attribute, mirror]) or {}
+            value = item.get(attribute)
+            out[shard] = None if value is None else MirroredOffset(int(value) + 1, ours=item.get(mirror) == value)
         return out
 
     def commit(
@@ -507,14 +528,15 @@ class V3ioBackend:
         refresh: bool = False,
         restore: bool = False,
     ) -> dict[str, int]:
-        """Raise each shard's attribute to ``offset - 1`` unless it is already there or higher (``restore``: set
-        it whatever it holds, backwards too: an operator's reset). An offset whose log identity (``identities``) is
-        not the shard's now is not written: it counts in a stream that was deleted. ``refresh`` changes nothing
-        here: an attribute does not expire.
+        """Raise each shard's attribute to ``offset - 1`` unless it is already there or higher, or holds a value
+        the members did not write (left for the next tick to refuse and restore); ``restore``: set it whatever it
+        holds, backwards too (a member restoring the mirror, ``streamgroup reset``). An offset whose log identity
+        (``identities``) is not the shard's now is not written: it counts in a stream that was deleted.
+        ``refresh`` changes nothing here: an attribute does not expire.
 
         A shard with no records yet has no object to hold the attribute: a commit at its start
         (offset <= 1, nothing processed) is left out of the result; a larger one is refused."""
-        attribute = committed_attribute(group)
+        attribute, mirror = committed_attribute(group), mirror_attribute(group)
         if offsets:
             self.check_group_is_ours(group, before=f"committing its offsets of shards {sorted(offsets)}")
         for shard, offset in offsets.items():
@@ -530,7 +552,10 @@ class V3ioBackend:
                 continue
             number = parse_shard(shard)
             last_processed = max(offset - 1, FIRST_SEQUENCE - 1)
-            condition = f"(__obj_type == 3) AND ((NOT exists({attribute})) OR ({attribute} < {last_processed}))"
+            condition = (
+                f"(__obj_type == 3) AND ((NOT exists({attribute})) OR "
+                f"(({attribute} < {last_processed}) AND ({attribute} == {mirror})))"
+            )
             if restore:
                 condition = "__obj_type == 3"
             what = f"committing shard {shard} for group {group!r}"
@@ -540,7 +565,7 @@ class V3ioBackend:
                 self.config.container,
                 self.config.stream_path,
                 shard,
-                attributes={attribute: last_processed},
+                attributes={attribute: last_processed, mirror: last_processed},
                 condition=condition,
             )
             if response.status_code == 200:
@@ -548,7 +573,7 @@ class V3ioBackend:
                 continue
             if response.status_code != 400 or _CONDITION_FALSE not in _body(response):
                 raise self.stream._fail(what, response)
-            item = self.stream.shard_attributes(number, [attribute])
+            item = self.stream.shard_attributes(number, [attribute, mirror])
             if item is None:
                 if offset <= FIRST_SEQUENCE:
                     continue
@@ -559,7 +584,8 @@ class V3ioBackend:
             stored = item.get(attribute)
             if not isinstance(stored, int):
                 raise StreamError(f"{self.stream_id}: shard {shard}: {attribute} holds {stored!r}, not a number")
-            effective[shard] = max(stored, last_processed) + 1
+            foreign = item.get(mirror) != stored
+            effective[shard] = (stored if foreign else max(stored, last_processed)) + 1
         return effective
 
     def keep_alive(

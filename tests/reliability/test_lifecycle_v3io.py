@@ -153,3 +153,38 @@ def test_a_lost_state_reads_a_shard_that_was_empty_from_its_first_record(
         SqlStateStore(f"sqlite:///{tmp_path / 'other.db'}"), backend, unique_v3io_name("g"), seek="latest"
     )
     assert other.tick().new_launches == [], "a new group still starts where seek says"
+
+
+def _set_attribute(client: Any, path: str, shard: int, attribute: str, value: int) -> None:
+    """What a Nuclio user does to replay a v3io-stream trigger's group: the attribute set on the shard directly."""
+    client.kv.update(CONTAINER, path, str(shard), attributes={attribute: value})
+
+
+def test_a_replay_set_on_the_committed_attribute_is_refused_visibly_and_the_mirror_restored(
+    new_stream: NewStream, v3io_client: Any, sqlite_url: str
+) -> None:
+    """Issue 52 case 5: Nuclio's way to replay a group (``__<group>_committed_sequence_number`` set on a shard) was
+    read as the group's own mirror: ignored by the tick and overwritten at the next commit, with no word. Now it
+    is refused like a Kafka tool reset: a ``reset_refused`` event naming ``streamgroup reset``, the group reads on
+    from its state, the mirror is restored; forwards over a backlog, nothing is skipped."""
+    backend = new_stream(1)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"r"] * 20)
+    group = unique_v3io_name("g")
+    member = member_of(SqlStateStore(sqlite_url), backend, group)
+    member.tick()
+    commit_in_flight(member)
+    attribute = committed_attribute(group)
+    _set_attribute(v3io_client, path, 0, attribute, 4)  # replay from sequence number 5
+    report = member.tick()
+    [refused] = [e for e in report.new_events if e.kind == "reset_refused"]
+    assert refused.shard == "0" and "streamgroup reset" in refused.detail, refused
+    assert report.new_launches == [] and report.state.shards["0"].committed == 21
+    assert backend.committed(group, ["0"]) == {"0": 21}, "the mirror is restored"
+
+    more = put(v3io_client, path, 0, [b"m"] * 10)
+    _set_attribute(v3io_client, path, 0, attribute, more[-1])  # "skip to the end"
+    report = member.tick()
+    assert len([e for e in report.new_events if e.kind == "reset_refused"]) == 1
+    assert spans(report.new_launches) == [("0", 21, more[-1] + 1)], "the backlog is read, not skipped"
+    assert backend.committed(group, ["0"]) == {"0": 21}
