@@ -366,7 +366,6 @@ class V3ioBackend:
         self.config = config
         self.stall_timeout_s = stall_timeout_s
         self._stream: V3ioStream | None = None
-        self._marked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"V3ioBackend({self.stream_id!r})"
@@ -435,14 +434,10 @@ class V3ioBackend:
         return found
 
     def _positioned(self, group: str) -> bool:
-        if group in self._marked:
-            return True
+        """Read each time, never cached: a stream deleted and created again loses the item with its shards."""
         name = group_marker_item(group)
         item = self.stream.item_attributes(name, [POSITIONED_ATTRIBUTE], what=f"reading the item {name}")
-        if item is not None and POSITIONED_ATTRIBUTE in item:
-            self._marked.add(group)
-            return True
-        return False
+        return item is not None and POSITIONED_ATTRIBUTE in item
 
     def _mark_positioned(self, group: str) -> None:
         """Write ``group_marker_item`` once (the first commit of the group's offsets in this stream)."""
@@ -461,7 +456,6 @@ class V3ioBackend:
         )
         if response.status_code != 200 and (response.status_code != 400 or _CONDITION_FALSE not in _body(response)):
             raise self.stream._fail(what, response)
-        self._marked.add(group)
 
     def watermarks(self, shards: Sequence[str]) -> dict[str, Watermarks]:
         return {shard: self.stream.watermarks(parse_shard(shard)) for shard in shards}
