@@ -188,3 +188,24 @@ def test_a_replay_set_on_the_committed_attribute_is_refused_visibly_and_the_mirr
     assert len([e for e in report.new_events if e.kind == "reset_refused"]) == 1
     assert spans(report.new_launches) == [("0", 21, more[-1] + 1)], "the backlog is read, not skipped"
     assert backend.committed(group, ["0"]) == {"0": 21}
+
+
+def test_an_attribute_written_before_the_mirror_marker_is_taken_over_silently(
+    new_stream: NewStream, v3io_client: Any, sqlite_url: str
+) -> None:
+    """A group mirrored by an earlier version has the committed attribute without ``__<group>_streamgroup_mirrored``:
+    where it holds the state's offset, the first tick marks it as the members' own, with no event."""
+    backend = new_stream(1)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"r"] * 8)
+    group = unique_v3io_name("g")
+    member = member_of(SqlStateStore(sqlite_url), backend, group)
+    member.tick()
+    commit_in_flight(member)
+    mirror = f"__{group}_streamgroup_mirrored"
+    v3io_client.kv.update(CONTAINER, path, "0", expression=f"REMOVE {mirror}")
+    assert mirror not in v3io_client.kv.get(CONTAINER, path, "0", attribute_names=[mirror]).output.item
+    report = member.tick()
+    assert [e.kind for e in report.new_events if e.kind in ("reset_refused", "adopted")] == []
+    stored = v3io_client.kv.get(CONTAINER, path, "0", attribute_names=[mirror]).output.item
+    assert stored == {mirror: 8}
