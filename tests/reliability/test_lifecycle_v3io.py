@@ -9,6 +9,7 @@ log an identity (a marker attribute on the shard object, see ``streams/v3io.py``
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,36 @@ def test_each_shard_log_has_an_identity_that_a_recreated_stream_changes(
     recreate(v3io_client, backend, 2)
     put(v3io_client, path, 0, [b"b"])
     assert backend.identities(["0"])["0"] != first["0"]
+
+
+def test_members_listing_a_shard_at_once_agree_on_its_identity(new_stream: NewStream, v3io_client: Any) -> None:
+    """The marker is written conditionally on its absence: of members racing to mark a shard, one wins and every
+    one of them reads that id (a member whose write lost reads the winner's)."""
+    backend = new_stream(3)
+    path = backend.config.stream_path
+    for shard in range(3):
+        put(v3io_client, path, shard, [b"a"])
+    seen: list[dict[str, str]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def lister() -> None:
+        other = V3ioBackend(backend.config)
+        try:
+            start.wait()
+            seen.append(other.identities(["0", "1", "2"]))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            other.close()
+
+    threads = [threading.Thread(target=lister) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and len(seen) == 6
+    assert all(ids == seen[0] for ids in seen) and len(set(seen[0].values())) == 3, seen
 
 
 @pytest.mark.parametrize("new_records", [5, 30], ids=["below the committed offset", "past the committed offset"])
