@@ -5,8 +5,9 @@ key (``STREAM=v3io``) to the v3io server, the producer and ``dg dev``; neither i
 The example runs as a user runs it (``bash scripts/example.sh``, local Spark so no Connect server is started),
 in a directory of its own (``EXAMPLE_HOME``); once ``dg dev``'s daemon runs, the environment of every process
 the script started is read (``/proc/PID/environ``), and the command line of every process on the machine was
-sampled all along. Then Ctrl-C (SIGINT) stops it, as in a terminal. Before that, what it printed until its UI answered holds no warning, and
-then where to look: the stream asset's page and the `streamgroup status` command."""
+sampled all along. Then Ctrl-C (SIGINT) stops it, as in a terminal. Before that, what it printed until its UI
+answered holds no warning, and then it printed where to look: the stream asset's page and the `streamgroup
+status` command."""
 
 from __future__ import annotations
 
