@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The example end to end on a fresh machine: set-up, a local Apache Kafka broker (KRaft, one node, from the
-# jars the set-up fetched), a producer of sample clickstream events, and `dagster dev` on 127.0.0.1 with three
-# member sensors running. Ctrl-C stops everything this script started, by PID. The broker keeps its data in
+# jars the set-up fetched), a producer of sample clickstream events, and `dg dev` on 127.0.0.1 with three
+# member sensors running; once the UI answers it prints where to look. Ctrl-C stops everything this script started, by PID. The broker keeps its data in
 # ./dagster_home/kafka-data, and like the Dagster instance and the group state it starts empty each time.
 #   PORT=3000 RATE=300 SPARK=connect STREAM=kafka bash scripts/example.sh
 # SPARK=connect (default) also starts the local Spark Connect server, which runs attach to instead of each
@@ -20,8 +20,8 @@
 # is ./dagster.yaml plus a storage block whose password is read from DAGSTER_PG_PASSWORD, generated for this
 # start and handed to the processes in the environment only.
 # Each secret reaches only the processes that use it, in their environment (never a command line): the instance
-# database's password the PostgreSQL helper and `dagster dev`; the v3io key the v3io server, the producer and
-# `dagster dev`. The broker and the Spark Connect server get neither.
+# database's password the PostgreSQL helper and `dg dev`; the v3io key the v3io server, the producer and
+# `dg dev`. The broker and the Spark Connect server get neither.
 # EXAMPLE_HOME=DIR keeps the instance and the servers' data in DIR instead of ./dagster_home (emptied too).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -57,6 +57,7 @@ start_with_secrets() {  # COMMAND...: start it in the background ($! is its PID)
   } &
 }
 export CLICKSTREAM_STREAM="$STREAM"
+CLICKSTREAM_GROUP_NAME=${CLICKSTREAM_GROUP:-clickstream}
 export CLICKSTREAM_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 export CLICKSTREAM_OUTPUT="${CLICKSTREAM_OUTPUT:-$PWD/output/clickstream}"
 # The clicks in a Delta table (output/clickstream/clicks) and page views per minute beside it, kept by Dagster's
@@ -70,12 +71,12 @@ if [ "$DAGSTER_STORAGE" = sqlite ]; then
   cp dagster.yaml "$DAGSTER_HOME/dagster.yaml"
 fi
 
-set -m  # every background job gets its own process group, with default signal handlers (dagster dev needs them)
+set -m  # every background job gets its own process group, with default signal handlers (dg dev needs them)
 pids=()
 stop_all() {
   trap - INT TERM EXIT
   echo "example: stopping (${pids[*]:-nothing})"
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do  # the reverse of the start order: dagster dev first, broker last
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do  # the reverse of the start order: dg dev first, broker last
     pid=${pids[i]}
     kill -INT -- "-$pid" 2>/dev/null || true
     for _ in $(seq 75); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
@@ -172,14 +173,34 @@ if [ "$DAGSTER_STORAGE" = postgres ]; then
   done
   [ -f "$DAGSTER_HOME/dagster.yaml" ] || { echo "example: the instance's PostgreSQL not ready within 60 s" >&2; exit 1; }
 fi
-# dagster dev warns that ./dagster.yaml is not used: its copy in $DAGSTER_HOME (above) is.
 echo "example: instance settings (one run per shard at a time) from dagster.yaml, copied to $DAGSTER_HOME" \
   "(storage: $DAGSTER_STORAGE)"
-start_with_secrets .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$PORT"
+# `dg dev`, as Dagster 1.13 projects start (the [local] extra brings dagster-dg-cli), over this repository's
+# workspace.yaml (its paths are relative to that file). It starts in $DAGSTER_HOME: Dagster warns when the
+# folder it starts in holds a dagster.yaml that is not the instance's, and ./dagster.yaml is only the template
+# copied above. The group state and the outputs do not depend on the working directory (DAGSTER_HOME and
+# CLICKSTREAM_OUTPUT are absolute).
+root=$PWD
+cd "$DAGSTER_HOME"
+start_with_secrets "$root/.venv/bin/dg" dev -w "$root/workspace.yaml" -h 127.0.0.1 -p "$PORT"
 pids+=($!)
+cd "$root"
+case "$CLICKSTREAM_SINK" in  # the stream asset jobs/clickstream.py defines for the sink
+  delta) asset=clicks ;;
+  *) asset=page_views_per_minute ;;
+esac
+wait_for_port "$PORT" 300 "the Dagster UI"
 if [ "$STREAM" = kafka ]; then
-  echo "example: Dagster UI on http://127.0.0.1:$PORT (broker $CLICKSTREAM_BOOTSTRAP); Ctrl-C stops everything"
+  status_env="DAGSTER_HOME=$DAGSTER_HOME CLICKSTREAM_BOOTSTRAP=$CLICKSTREAM_BOOTSTRAP"
 else
-  echo "example: Dagster UI on http://127.0.0.1:$PORT (v3io $CLICKSTREAM_V3IO_API); Ctrl-C stops everything"
+  status_env="DAGSTER_HOME=$DAGSTER_HOME V3IO_ACCESS_KEY=\$(cat $DAGSTER_HOME/v3io-access-key) CLICKSTREAM_STREAM=v3io"
+  status_env+=" CLICKSTREAM_V3IO_API=$CLICKSTREAM_V3IO_API"
 fi
+cat <<WHERE
+example: the Dagster UI is up: http://127.0.0.1:$PORT
+example:   the stream asset, one partition per shard, its lag and ranges: http://127.0.0.1:$PORT/assets/$asset
+example:   the member runs: http://127.0.0.1:$PORT/runs
+example:   the group from a shell: $status_env .venv/bin/streamgroup status --group $CLICKSTREAM_GROUP_NAME
+example: Ctrl-C stops everything
+WHERE
 wait -n "${pids[@]}" || true

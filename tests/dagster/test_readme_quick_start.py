@@ -25,9 +25,15 @@ PER_ROUND = 40_000
 """Records per round: above the default ``min_backlog`` (20,000), so a tick launches at once."""
 
 
+def quick_start_block(marker: str) -> str:
+    """The code block right after ``<!-- quick-start: MARKER -->`` in the README, as written."""
+    after = README.read_text().split(f"<!-- quick-start: {marker} -->\n", 1)
+    assert len(after) == 2, f"the README has no quick-start block marked {marker}"
+    return after[1].split("\n", 1)[1].split("\n```", 1)[0]
+
+
 def quick_start_code() -> str:
-    section = README.read_text().split("\n## Quick start\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    return quick_start_block("definitions.py")
 
 
 def first_request(driver: SensorDriver, timeout_s: float = 30.0) -> dg.RunRequest:

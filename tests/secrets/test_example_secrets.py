@@ -1,11 +1,13 @@
 """``scripts/example.sh`` hands each secret it generates only to the processes that use it: the Dagster instance
-database's password (``DAGSTER_STORAGE=postgres``) to the PostgreSQL helper and ``dagster dev``, the v3io access
-key (``STREAM=v3io``) to the v3io server, the producer and ``dagster dev``; neither is on any command line.
+database's password (``DAGSTER_STORAGE=postgres``) to the PostgreSQL helper and ``dg dev``, the v3io access
+key (``STREAM=v3io``) to the v3io server, the producer and ``dg dev``; neither is on any command line.
 
 The example runs as a user runs it (``bash scripts/example.sh``, local Spark so no Connect server is started),
-in a directory of its own (``EXAMPLE_HOME``); once ``dagster dev``'s daemon runs, the environment of every process
+in a directory of its own (``EXAMPLE_HOME``); once ``dg dev``'s daemon runs, the environment of every process
 the script started is read (``/proc/PID/environ``), and the command line of every process on the machine was
-sampled all along. Then Ctrl-C (SIGINT) stops it, as in a terminal."""
+sampled all along. Then Ctrl-C (SIGINT) stops it, as in a terminal. Before that, what it printed until its UI
+answered holds no warning, and then it printed where to look: the stream asset's page and the `streamgroup
+status` command."""
 
 from __future__ import annotations
 
@@ -26,19 +28,28 @@ STARTED = {
     "the PostgreSQL helper": b"dagster_streamgroup.local.dagster_storage",
     "the v3io server": b"local\0v3io",
     "the producer": b"jobs.clickstream_events",
-    "dagster dev": b"dagster\0dev",
-    "the daemon": b"dagster._daemon",  # dagster dev's child: the deployment is up
+    "dg dev": b"dg\0dev",
+    "the daemon": b"dagster._daemon",  # dg dev's child: the deployment is up
 }
+UI_UP = "example: the Dagster UI is up"
+FIRST_MINUTE_WARNINGS = (
+    "SupersessionWarning",  # `dagster dev` is superseded by `dg dev` (Dagster 1.13)
+    "Found a dagster instance configuration value",  # a dagster.yaml where the dev server starts, not its home
+    "Warning",
+    "WARNING",
+)
+"""What the example prints before its UI is up must hold none of these (the JVM's own notices come later, from
+the runs' Spark sessions)."""
 MAY_HOLD = {
-    "pg_password": ("the PostgreSQL helper", "dagster dev"),
-    "v3io_key": ("the v3io server", "the producer", "dagster dev"),
+    "pg_password": ("the PostgreSQL helper", "dg dev"),
+    "v3io_key": ("the v3io server", "the producer", "dg dev"),
 }
-"""Who may hold each secret in its environment; ``dagster dev``'s children (daemon, webserver, code server) are
-counted as ``dagster dev``."""
+"""Who may hold each secret in its environment; ``dg dev``'s children (daemon, webserver, code server) are
+counted as ``dg dev``."""
 
 
 def _which(pid: int, tree: dict[int, int]) -> str | None:
-    """What started process ``pid`` is, or belongs to (a child of ``dagster dev`` is ``dagster dev``)."""
+    """What started process ``pid`` is, or belongs to (a child of ``dg dev`` is ``dg dev``)."""
     while pid in tree:
         line = command_line(pid) or b""
         for name, marker in STARTED.items():
@@ -107,6 +118,10 @@ def test_the_example_hands_each_secret_only_to_the_processes_that_use_it(tmp_pat
                     and (command_line(pid) or b"").split(b"\0", 1)[0].rsplit(b"/", 1)[-1] != b"postgres"
                 ):
                     environments[pid] = (name, read)  # a PostgreSQL process's environ holds its process title
+            while UI_UP not in log.read_text(errors="replace"):
+                assert script.poll() is None, f"the example exited:\n{log.read_text(errors='replace')[-3000:]}"
+                assert time.monotonic() < deadline + 120, f"no UI within 420 s:\n{log.read_text()[-3000:]}"
+                time.sleep(0.5)
         finally:
             script.send_signal(signal.SIGINT)  # Ctrl-C: the script stops what it started, by PID
             try:
@@ -118,8 +133,16 @@ def test_the_example_hands_each_secret_only_to_the_processes_that_use_it(tmp_pat
                     script.kill()
                     script.wait(10)
     values = {"v3io_key": (home / "v3io-access-key").read_text().strip()}
-    dagster_dev = [read for name, read in environments.values() if name == "dagster dev"]
-    assert dagster_dev and all("DAGSTER_PG_PASSWORD" in read for read in dagster_dev), "dagster dev needs it"
+    first_minute = log.read_text(errors="replace").split(UI_UP, 1)[0] + UI_UP
+    for warning in FIRST_MINUTE_WARNINGS:  # the first screen a newcomer reads holds no warning to decode
+        assert warning not in first_minute, f"{warning!r} before the UI was up:\n{first_minute[-3000:]}"
+    where = log.read_text(errors="replace").split(UI_UP, 1)[1]
+    port = env["PORT"]
+    assert f"http://127.0.0.1:{port}/assets/clicks" in where, where[:2000]  # where to look, once the UI is up
+    assert f"DAGSTER_HOME={home} V3IO_ACCESS_KEY=$(cat {home}/v3io-access-key) CLICKSTREAM_STREAM=v3io" in where
+    assert ".venv/bin/streamgroup status --group clickstream" in where, where[:2000]
+    dagster_dev = [read for name, read in environments.values() if name == "dg dev"]
+    assert dagster_dev and all("DAGSTER_PG_PASSWORD" in read for read in dagster_dev), "dg dev needs it"
     values["pg_password"] = dagster_dev[0]["DAGSTER_PG_PASSWORD"]
 
     lines = Evidence()
@@ -135,5 +158,5 @@ def test_the_example_hands_each_secret_only_to_the_processes_that_use_it(tmp_pat
     }
     assert not wrong, f"secrets held by processes that do not use them: {wrong}"
     users = {name for (_pid, name), secrets in held.items() if "v3io_key" in secrets}
-    assert {"the v3io server", "the producer", "dagster dev"} <= users, held  # the search finds what is there
+    assert {"the v3io server", "the producer", "dg dev"} <= users, held  # the search finds what is there
     print(f"{len(environments)} environments read, {len(sampler.lines)} command lines in {sampler.samples} samples")
