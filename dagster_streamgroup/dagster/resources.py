@@ -216,8 +216,15 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         description="Ranges smaller than this share a Spark task until it holds this many records (a task costs "
         "a consumer and a Python worker's turn whatever it reads); None: a task per range. Our Python sources only.",
     )
-    lag_alert_records: int = Field(
-        default=1_000_000, description="The lag asset check fails when a shard is further behind than this."
+    lag_alert_records: int | None = Field(
+        default=1_000_000,
+        description="The lag asset check fails when a shard is more records behind than this (None: no limit "
+        "in records; then lag_alert_seconds must be set).",
+    )
+    lag_alert_seconds: float | None = Field(
+        default=None,
+        description="The lag asset check fails when a shard's first record not yet committed is older than this "
+        "many seconds (None: no limit in time).",
     )
     value_format: str = Field(
         default="bytes",
@@ -315,6 +322,10 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         for name in ("spark_split_records", "lag_alert_records", "spark_pack_records"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
+        if self.lag_alert_seconds is not None and not self.lag_alert_seconds > 0:
+            raise ValueError(f"lag_alert_seconds: must be > 0 (seconds), got {self.lag_alert_seconds:g}")
+        if self.lag_alert_records is None and self.lag_alert_seconds is None:
+            raise ValueError("lag_alert_records: None needs lag_alert_seconds set (the lag check needs a limit)")
         longest_wait = max(self.heartbeat_interval_s, DAEMON_LOOP_S) - TICK_WAIT_MARGIN_S
         if not 0 <= self.tick_wait_s <= longest_wait:
             raise ValueError(

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import pyarrow as pa
 from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -915,6 +916,51 @@ class KafkaBackend:
         if shard not in marks:
             raise StreamError(f"looking up a time in {shard}: its topic does not exist")
         return marks[shard].high
+
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """One consumer assigned at every offset, polled until each partition gave its first record or its end.
+
+        ``offsets_for_times`` answers the other question (the offset of a time), so it cannot tell the time of
+        the record at an offset without a search of several requests per partition; one fetch of all the lagging
+        partitions is one round trip to each leader, and ``fetch.max.bytes``-bounded. An offset below retention
+        reads the first record still held (``auto.offset.reset=earliest``): that one is the oldest not committed.
+        Bounded by ``request_timeout_s``: a partition that answers nothing in time has no time (``None``)."""
+        if not offsets:
+            return {}
+        config = {
+            **self.config.client_config(),
+            "group.id": READER_GROUP,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": 1_048_576,
+            "max.partition.fetch.bytes": 65_536,
+        }
+        out: dict[str, int | None] = dict.fromkeys(offsets)
+        consumer = new_client(Consumer, config)
+        try:
+            consumer.assign([self._topic_partition(s, o) for s, o in offsets.items()])
+            pending = set(offsets)
+            deadline = time.monotonic() + self.request_timeout_s
+            while pending and time.monotonic() < deadline:
+                for msg in consumer.consume(max(len(pending), 1), 0.25):
+                    shard = shard_id(str(msg.topic()), int(msg.partition() or 0))
+                    if shard not in pending:
+                        continue
+                    err = msg.error()
+                    if err is None:
+                        kind, stamp = msg.timestamp()
+                        out[shard] = int(stamp) if kind != TIMESTAMP_NOT_AVAILABLE and stamp >= 0 else None
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        continue  # a transient fetch error: librdkafka retries until the deadline
+                    pending.discard(shard)
+                    consumer.pause([self._topic_partition(shard)])
+        except KafkaException as exc:
+            raise StreamError(f"reading record times: {_error_text(exc)}") from exc
+        finally:
+            consumer.close()
+        return out
 
     def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
         tp = self._topic_partition(shard)
