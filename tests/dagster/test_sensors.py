@@ -231,6 +231,7 @@ def test_lag_of_every_owned_shard_is_observed_and_checked(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:
     topic = kafka_topics(partitions=2)
+    before_ms = time.time() * 1000
     produce_sample(kafka_bootstrap, topic, 2, 1000)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path, lag_alert_records=500)
@@ -243,11 +244,20 @@ def test_lag_of_every_owned_shard_is_observed_and_checked(
         metadata = observations[0].metadata
         assert metadata[f"lag {topic}:0"].value == 501
         assert metadata["lag"].value == 1002
+        # seconds behind: from the first record's own timestamp, written after before_ms (this machine's clock)
+        ceiling = (time.time() * 1000 - before_ms) / 1000 + 0.01
+        for shard in (f"{topic}:0", f"{topic}:1"):
+            assert 0.0 < metadata[f"seconds_behind {shard}"].value < ceiling  # type: ignore[operator]
+        assert metadata["seconds_behind"].value == max(
+            metadata[f"seconds_behind {topic}:{p}"].value  # type: ignore[type-var]
+            for p in (0, 1)
+        )
         # The member evaluates the checks its runs plan none of: lag with each lag report, parked at its first tick.
         checks = {e.check_name: e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)}
         assert set(checks) == {LAG_CHECK, PARKED_CHECK} and checks[PARKED_CHECK].passed
         lag = checks[LAG_CHECK]
         assert not lag.passed and lag.metadata["max_lag"].value == 501 and lag.metadata["limit"].value == 500
+        assert lag.metadata[f"seconds_behind {topic}:0"].value == metadata[f"seconds_behind {topic}:0"].value
         assert all(r.asset_check_keys == [] for r in result.run_requests or []), "runs plan no check"
         throttled = driver.tick()
         assert not [e for e in throttled.asset_events if isinstance(e, dg.AssetObservation | dg.AssetCheckEvaluation)]
