@@ -9,10 +9,8 @@ configuration error is raised when the resource is built (at code-location load)
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dagster_streamgroup import client_cache
 from dagster_streamgroup.dagster.literal_secrets import refuse_literal_secrets
 from dagster_streamgroup.extras import require
 from dagster_streamgroup.member import GroupMember
@@ -39,50 +38,18 @@ if TYPE_CHECKING:
     from dagster_streamgroup.formats.spark import DecodedRecords
     from dagster_streamgroup.spark.record_counts import ObservedRecords
 
-T = TypeVar("T")
 C = TypeVar("C", bound=BaseModel)
 
 STORE_FILE = "streamgroup-state.db"
 STATE_DIR = ".streamgroup"
 _POLICY_FIELDS = tuple(GroupPolicy.model_fields)
 
-_cache_lock = threading.Lock()
-_stores: dict[str, tuple[str, StateStore]] = {}
-_backends: dict[str, tuple[str, StreamBackend]] = {}
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()  # the texts may hold secrets: keep only a digest
-
-
-def _cached(cache: dict[str, tuple[str, T]], identity: str, credentials: str, make: Callable[[], T]) -> T:
-    """One client per ``identity`` (the configuration without its secrets), rebuilt when ``credentials`` change.
-
-    The code server lives for days and secrets rotate: a client keyed by its secret too would stay in the
-    cache beside its successor after every rotation, with its sockets and librdkafka threads. The replaced
-    client is dropped, not closed, because a tick or run on another thread may still be using it."""
-    key, fingerprint = _digest(identity), _digest(credentials)
-    with _cache_lock:
-        entry = cache.get(key)
-        if entry is None or entry[0] != fingerprint:
-            entry = (fingerprint, make())
-            cache[key] = entry
-        return entry[1]
-
-
-def release_cached_clients() -> None:
-    """Close and forget every cached store and stream client of this process.
-
-    For a process that outlives the servers its clients talk to (a test session stopping its broker, a
-    code server told to reload): a librdkafka client left alive reconnects and logs a refused connection
-    every second until the process ends."""
-    with _cache_lock:
-        clients: list[StateStore | StreamBackend] = [client for _, client in _stores.values()]
-        clients += [client for _, client in _backends.values()]
-        _stores.clear()
-        _backends.clear()
-    for client in clients:
-        client.close()
+_stores = client_cache.stores
+_backends = client_cache.backends
+_cached = client_cache.cached
+release_cached_clients = client_cache.release_cached_clients
+"""The per-process client cache lives below this layer (``dagster_streamgroup.client_cache``): a run worker
+releases it without importing the Dagster layer."""
 
 
 def default_store_url() -> str:
