@@ -359,6 +359,20 @@ def _describe(ranges: Sequence[RangeReport | sgt.RangeSpec]) -> str:
     return ", ".join(f"{r.shard} [{r.start}, {r.end})" for r in ranges)
 
 
+def ranges_table(ranges: Sequence[sgt.RangeSpec]) -> str:
+    """The run's ranges as an aligned table (shard, start, end, records, attempt): the run page shows it in the
+    run's first log message, where the runs list no longer carries a tag per figure."""
+    rows = [("shard", "start", "end", "records", "attempt")]
+    rows += [(r.shard, str(r.start), str(r.end), str(r.end - r.start), str(r.attempt)) for r in ranges]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    )
+
+
 def run_ranges(
     context: dg.AssetExecutionContext,
     config: sgt.StreamRunConfig,
@@ -383,7 +397,10 @@ def run_ranges(
     _refuse_copies(context, reports)
     member = resource.member(config.member) if reports and config.member is not None else None
     mode = "backfill (nothing is committed)" if member is None else f"member {config.member}, run {config.run_key}"
-    context.log.info(f"{resource.group}: {len(ranges)} range(s) as {mode}: {_describe(ranges)}")
+    context.log.info(
+        f"{resource.group}: {len(ranges)} range(s), {sum(r.end - r.start for r in ranges)} record(s), as {mode}:\n"
+        + ranges_table(ranges)
+    )
 
     heartbeat = (
         RunHeartbeat(member, reports, run_beat_interval_s(resource.heartbeat_interval_s, resource.session_timeout_s))

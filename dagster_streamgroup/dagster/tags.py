@@ -1,8 +1,9 @@
 """What a run carries from the sensor tick to its commit: its ranges (run config), its identity (run tags).
 
-A run launched by a member holds its ranges in its run config (``StreamRunConfig``: shard, start, end,
-attempt and epoch of each) and names its member and run key in tags, so it can present its commit without
-reading anything else, and the UI can filter runs by group, member or run key. A run without a member (a
+A run launched by a member holds its ranges and run key in its run config (``StreamRunConfig``: shard, start,
+end, attempt and epoch of each), so it can present its commit without reading anything else, and names its group
+and member (and its shard, when it has one) in tags, so the UI can filter runs by them; its Dagster run key is
+the protocol's. A run without a member (a
 backfill from the UI or the CLI) re-processes its ranges and never commits.
 
 Partitions are shards, not ranges: one dynamic partition per shard, so a stream running for a year keeps
@@ -97,15 +98,11 @@ def run_config(launches: Sequence[Launch]) -> StreamRunConfig:
 
 
 def run_tags(launches: Sequence[Launch]) -> dict[str, str]:
+    """Only what a user filters runs by, and what a shard's concurrency limit keys on: the group, the member, and
+    the shard of a single-shard run. The rest (run key, ranges, attempts) is in the run config, the run key in
+    ``dagster/run_key`` too; a tag each would make the runs list a wall of chips."""
     first = launches[0]
-    tags = {
-        TAG_GROUP: first.group,
-        TAG_MEMBER: first.member_id,
-        TAG_RUN_KEY: first.run_key,
-        TAG_RANGES: str(len(launches)),
-        TAG_RECORDS: str(sum(x.records for x in launches)),
-        TAG_ATTEMPT: str(max(x.attempt for x in launches)),
-    }
+    tags = {TAG_GROUP: first.group, TAG_MEMBER: first.member_id}
     if len(launches) == 1:
         tags[TAG_SHARD] = first.shard
     return tags
