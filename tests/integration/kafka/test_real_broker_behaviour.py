@@ -715,3 +715,7 @@ def test_a_stopped_group_reads_as_stale_to_kafkas_tool_and_to_ours(
     assert behind2[f"{topic}:0"] >= behind1[f"{topic}:0"] + 1.5
     assert behind2[f"{topic}:1"] > 0.0  # now behind by its new records' age, however young
     assert backend.record_times({}) == {}
+    # the kept reader is positioned afresh at every call: a later offset, then an earlier one again
+    assert backend.record_times({f"{topic}:0": 7}) == {f"{topic}:0": stamps[3]}
+    again = backend.record_times({f"{topic}:0": 4, f"{topic}:1": 1})
+    assert again[f"{topic}:0"] == stamps[0] and again[f"{topic}:1"] is not None  # p1's new records are there
