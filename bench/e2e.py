@@ -158,7 +158,7 @@ def probe(target: list[str]) -> float:
 
 
 def run_label(tags: dict[str, str]) -> str:
-    """What a run says about itself in its ``streamgroup/`` tags (member, ranges, records or shard), for the
+    """What a run says about itself in its ``streamgroup/`` tags (member, and shard on a run of one), for the
     timeline only: the benchmark selects runs by time, whatever their tags."""
     shown = sorted(
         (k, v)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -244,16 +244,22 @@ def _when(seconds: float) -> str:
 @_group_option
 @_definitions_option
 @click.option("--events", "n_events", type=int, default=10, show_default=True, help="Recent events to show.")
-def status(group: str, definitions_path: Path | None, n_events: int) -> None:
-    """Members, shards, owners, epochs, committed offsets, high watermarks, lag, in-flight and parked ranges."""
+@click.option("--json", "as_json", is_flag=True, help="Print all of it as one JSON object (for scripts).")
+def status(group: str, definitions_path: Path | None, n_events: int, as_json: bool) -> None:
+    """Members, shards, owners, epochs, committed offsets, high watermarks, lag in records and seconds, in-flight
+    and parked ranges."""
     from rich.console import Console
     from rich.table import Table
 
     from dagster_streamgroup.dagster.operator import load_state, mirror_warnings, missing_store, shard_rows
     from dagster_streamgroup.redact import redact
+    from dagster_streamgroup.streams.base import seconds_behind
 
     handle = _group(definitions_path, group)
     resource = handle.resource
+    if as_json:
+        _status_json(resource, n_events)
+        return
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     store = redact(resource.resolved_store_url())
     console.print(
@@ -267,7 +273,9 @@ def status(group: str, definitions_path: Path | None, n_events: int) -> None:
                       "ticked against this store)", soft_wrap=True)  # fmt: skip
         _warn_if_members_elsewhere(console, resource, absent)
         return
-    marks = resource.backend().watermarks(list(state.shards))
+    backend = resource.backend()
+    marks = backend.watermarks(list(state.shards))
+    behind = seconds_behind(backend, {sid: s.committed for sid, s in state.shards.items()}, marks)
     now = resource.store().now()
     members = Table(title=f"group {group} on {state.stream}: members")
     for column in ("member", "joined", "last heartbeat", "shards"):
@@ -277,9 +285,11 @@ def status(group: str, definitions_path: Path | None, n_events: int) -> None:
         members.add_row(mid, _when(member.joined), f"{now - member.heartbeat:.1f} s ago", str(owned))
     console.print(members)
     shards = Table(title="shards")
-    for column in ("shard", "owner", "epoch", "committed", "high", "lag", "in flight", "parked", "waits on"):
-        shards.add_column(column, justify="right" if column in {"epoch", "committed", "high", "lag"} else "left")
-    rows = shard_rows(state, marks)
+    numeric = {"epoch", "committed", "high", "lag", "seconds behind"}
+    for column in ("shard", "owner", "epoch", "committed", "high", "lag", "seconds behind", "in flight", "parked"):
+        shards.add_column(column, justify="right" if column in numeric else "left")
+    shards.add_column("waits on")
+    rows = shard_rows(state, marks, behind)
     for row in rows:
         shards.add_row(
             row.shard,
@@ -288,13 +298,15 @@ def status(group: str, definitions_path: Path | None, n_events: int) -> None:
             "-" if row.committed is None else str(row.committed),
             "-" if row.high is None else str(row.high),
             "-" if row.lag is None else str(row.lag),
+            "-" if row.seconds_behind is None else f"{row.seconds_behind:.1f}",
             row.inflight,
             row.parked,
             row.waits,
         )
     console.print(shards)
     total = sum(r.lag for r in rows if r.lag is not None)
-    console.print(f"total lag: {total} records")
+    worst = max((r.seconds_behind for r in rows if r.seconds_behind is not None), default=0.0)
+    console.print(f"total lag: {total} records; furthest behind: {worst:.1f} s")
     for warning in mirror_warnings(resource, state):
         console.print(f"WARNING {warning}")
     if state.dead_letters:
@@ -312,6 +324,63 @@ def status(group: str, definitions_path: Path | None, n_events: int) -> None:
             span = f"[{event.start}, {event.end})" if event.start is not None else ""
             events.add_row(_when(event.at), event.kind.value, event.shard or event.member_id or "", span, event.detail)
         console.print(events)
+
+
+def _status_json(resource: StreamGroupResource, n_events: int) -> None:
+    """``status --json``: the same data as the tables, one JSON object on stdout (no state: ``"state": null``)."""
+    import dataclasses
+    import json
+
+    from dagster_streamgroup.dagster.operator import load_state, mirror_warnings, missing_store, shard_rows
+    from dagster_streamgroup.redact import redact
+    from dagster_streamgroup.streams.base import seconds_behind
+
+    absent = missing_store(resource)
+    state = None if absent is not None else load_state(resource)
+    out: dict[str, Any] = {
+        "group": resource.group,
+        "store": redact(resource.resolved_store_url()),
+        "stream": resource.backend().stream_id,
+        "state": None,
+    }
+    if state is not None:
+        backend = resource.backend()
+        marks = backend.watermarks(list(state.shards))
+        behind = seconds_behind(backend, {sid: s.committed for sid, s in state.shards.items()}, marks)
+        now = resource.store().now()
+        rows = shard_rows(state, marks, behind)
+        out["state"] = {
+            "members": [
+                {
+                    "member": mid,
+                    "joined": member.joined,
+                    "heartbeat_age_s": round(now - member.heartbeat, 3),
+                    "shards": sum(1 for s in state.shards.values() if s.owner == mid),
+                }
+                for mid, member in sorted(state.members.items())
+            ],
+            "shards": [dataclasses.asdict(row) for row in rows],
+            "total_lag": sum(r.lag for r in rows if r.lag is not None),
+            "max_seconds_behind": max((r.seconds_behind for r in rows if r.seconds_behind is not None), default=0.0),
+            "warnings": list(mirror_warnings(resource, state)),
+            "dead_letters": [
+                {"at": d.at, "shard": d.shard, "start": d.start, "end": d.end, "reason": d.reason}
+                for d in state.dead_letters
+            ],
+            "events": [
+                {
+                    "at": e.at,
+                    "kind": e.kind.value,
+                    "shard": e.shard,
+                    "member": e.member_id,
+                    "start": e.start,
+                    "end": e.end,
+                    "detail": e.detail,
+                }
+                for e in (state.events[-n_events:] if n_events > 0 else [])
+            ],
+        }
+    click.echo(json.dumps(out, indent=2))
 
 
 @main.command("unpark")

@@ -374,13 +374,13 @@ def chromium(work: Path) -> Iterator[Page]:
 
 def capture_runs(page: Page, dev: DagsterDev, out: Path) -> None:
     """The runs list filtered to successful runs: each a member's run over its shards' ranges, with its
-    ``streamgroup/*`` tags (member, ranges, records) and launching sensor."""
+    ``streamgroup/*`` tags (group and member) and launching sensor."""
     page.goto(f"{dev.url}/runs?" + urllib.parse.urlencode({"q[]": "status:SUCCESS"}))
     page.wait_until(
         "the runs list",
         """(() => {
           const text = document.body.innerText;
-          return text.split('streamgroup/member:').length > 3 && text.includes('streamgroup/ranges:')
+          return text.split('streamgroup/member:').length > 3 && text.includes('streamgroup/group:')
             && text.includes('Status is')
             && text.includes('clickstream_member');
         })()""",

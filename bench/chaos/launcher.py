@@ -87,9 +87,12 @@ class OutageRunLauncher(ForkServerRunLauncher):
 
 
 def refused_launch(run_id: str, tags: Mapping[str, str], run_config: Mapping[str, Any]) -> RefusedLaunch:
-    """The refused run as the fault follows it: its identity from its tags, its ranges from its op config."""
+    """The refused run as the fault follows it: its group and member from its tags, its run key and ranges from its
+    op config."""
     ranges: list[RefusedRange] = []
+    run_key: str | None = tags.get(sgt.TAG_RUN_KEY)  # runs launched before the run key left the tags
     for op in (run_config.get("ops") or {}).values():
+        run_key = ((op or {}).get("config") or {}).get("run_key") or run_key
         for r in ((op or {}).get("config") or {}).get("ranges") or []:
             ranges.append(
                 RefusedRange(
@@ -104,7 +107,7 @@ def refused_launch(run_id: str, tags: Mapping[str, str], run_config: Mapping[str
         run_id=run_id,
         group=tags.get(sgt.TAG_GROUP),
         member=tags.get(sgt.TAG_MEMBER),
-        run_key=tags.get(sgt.TAG_RUN_KEY),
+        run_key=run_key,
         ranges=tuple(ranges),
         at=time.time(),
     )

@@ -27,9 +27,10 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
         dg.AssetCheckSpec(
             LAG_CHECK,
             asset=asset_key,
-            description="Every shard is at most `lag_alert_records` (a field of the group resource) records behind "
-            "the stream: evaluated by each member every 30 s over the shards it owns (and by a backfill over the "
-            "shards it read); each result's metadata gives the lag per shard and the limit.",
+            description="Every shard is at most `lag_alert_records` records and at most `lag_alert_seconds` "
+            "seconds behind the stream (fields of the group resource; either or both): evaluated by each member "
+            "every 30 s over the shards it owns (and by a backfill over the shards it read); each result's "
+            "metadata gives the lag and seconds behind per shard and the limits.",
         ),
         dg.AssetCheckSpec(
             PARKED_CHECK,
@@ -41,34 +42,69 @@ def check_specs(asset_key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def _lag_check(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dict[str, Any]:
-    """The worst of the shards decides; each shard's lag is in the metadata."""
-    behind = {shard: lag for shard, lag in sorted(lags.items()) if lag > limit}
+def _lag_check(
+    asset_key: dg.AssetKey,
+    lags: Mapping[str, int],
+    limit: int | None,
+    seconds: Mapping[str, float] | None = None,
+    seconds_limit: float | None = None,
+) -> dict[str, Any]:
+    """The worst of the shards decides, by records, by seconds, or by both (whichever limits are set); each
+    shard's lag and seconds behind are in the metadata."""
+    seconds = seconds or {}
+    over: dict[str, list[str]] = {}
+    if limit is not None:
+        for shard, lag in sorted(lags.items()):
+            if lag > limit:
+                over.setdefault(shard, []).append(f"{lag} records behind (limit {limit})")
+    if seconds_limit is not None:
+        for shard, behind in sorted(seconds.items()):
+            if behind > seconds_limit:
+                over.setdefault(shard, []).append(f"{behind:.1f} s behind (limit {seconds_limit:g} s)")
     metadata: dict[str, dg.RawMetadataValue] = {
         "max_lag": dg.MetadataValue.int(max(lags.values(), default=-1)),
-        "limit": dg.MetadataValue.int(limit),
+        "limit": dg.MetadataValue.int(limit) if limit is not None else dg.MetadataValue.null(),
     }
+    if seconds or seconds_limit is not None:
+        metadata["max_seconds_behind"] = dg.MetadataValue.float(round(max(seconds.values(), default=0.0), 3))
+        metadata["limit_seconds"] = (
+            dg.MetadataValue.float(float(seconds_limit)) if seconds_limit is not None else dg.MetadataValue.null()
+        )
     for shard, lag in sorted(lags.items()):
         metadata[f"lag {shard}"] = dg.MetadataValue.int(lag)
-    text = "; ".join(f"{shard} is {lag} records behind (limit {limit})" for shard, lag in behind.items())
+    for shard, behind in sorted(seconds.items()):
+        metadata[f"seconds_behind {shard}"] = dg.MetadataValue.float(round(behind, 3))
+    text = "; ".join(f"{shard} is {' and '.join(why)}" for shard, why in sorted(over.items()))
     return {
         "asset_key": asset_key,
         "check_name": LAG_CHECK,
-        "passed": not behind,
+        "passed": not over,
         "severity": dg.AssetCheckSeverity.WARN,
         "metadata": metadata,
         "description": text or None,
     }
 
 
-def lag_check_result(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckResult:
+def lag_check_result(
+    asset_key: dg.AssetKey,
+    lags: Mapping[str, int],
+    limit: int | None,
+    seconds: Mapping[str, float] | None = None,
+    seconds_limit: float | None = None,
+) -> dg.AssetCheckResult:
     """A backfill's or a hand-launched run's result, over the shards it read."""
-    return dg.AssetCheckResult(**_lag_check(asset_key, lags, limit))
+    return dg.AssetCheckResult(**_lag_check(asset_key, lags, limit, seconds, seconds_limit))
 
 
-def lag_check_evaluation(asset_key: dg.AssetKey, lags: Mapping[str, int], limit: int) -> dg.AssetCheckEvaluation:
+def lag_check_evaluation(
+    asset_key: dg.AssetKey,
+    lags: Mapping[str, int],
+    limit: int | None,
+    seconds: Mapping[str, float] | None = None,
+    seconds_limit: float | None = None,
+) -> dg.AssetCheckEvaluation:
     """A member tick's evaluation, over the shards the member owns."""
-    return dg.AssetCheckEvaluation(**_lag_check(asset_key, lags, limit))
+    return dg.AssetCheckEvaluation(**_lag_check(asset_key, lags, limit, seconds, seconds_limit))
 
 
 def _parked_check(asset_key: dg.AssetKey, state: GroupState | None) -> dict[str, Any]:

@@ -95,9 +95,14 @@ class ShardRow:
     parked: str
     waits: str = ""
     """Why the shard cannot move on by itself, if it cannot (an open transaction, a backfill's lease)."""
+    seconds_behind: float | None = None
+    """Now minus the time of the first record not yet committed (0 when caught up); None where lag is unknown."""
 
 
-def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[ShardRow]:
+def shard_rows(
+    state: GroupState, marks: Mapping[str, Watermarks], seconds: Mapping[str, float] | None = None
+) -> list[ShardRow]:
+    """``seconds``: each shard's seconds behind (``streams.base.seconds_behind``), where known."""
     rows = []
     for sid, shard in state.shards.items():
         mark = marks.get(sid)
@@ -128,7 +133,8 @@ def shard_rows(state: GroupState, marks: Mapping[str, Watermarks]) -> list[Shard
             owner += " (left)"
         if shard.removed:
             owner += " (topic removed)"
-        rows.append(ShardRow(sid, owner, shard.epoch, shard.committed, high, lag, inflight, parked, waits))
+        behind = (seconds or {}).get(sid) if lag is not None else None
+        rows.append(ShardRow(sid, owner, shard.epoch, shard.committed, high, lag, inflight, parked, waits, behind))
     return rows
 
 

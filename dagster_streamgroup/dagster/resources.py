@@ -9,10 +9,8 @@ configuration error is raised when the resource is built (at code-location load)
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dagster_streamgroup import client_cache
 from dagster_streamgroup.dagster.literal_secrets import refuse_literal_secrets
 from dagster_streamgroup.extras import require
 from dagster_streamgroup.member import GroupMember
@@ -39,50 +38,18 @@ if TYPE_CHECKING:
     from dagster_streamgroup.formats.spark import DecodedRecords
     from dagster_streamgroup.spark.record_counts import ObservedRecords
 
-T = TypeVar("T")
 C = TypeVar("C", bound=BaseModel)
 
 STORE_FILE = "streamgroup-state.db"
 STATE_DIR = ".streamgroup"
 _POLICY_FIELDS = tuple(GroupPolicy.model_fields)
 
-_cache_lock = threading.Lock()
-_stores: dict[str, tuple[str, StateStore]] = {}
-_backends: dict[str, tuple[str, StreamBackend]] = {}
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()  # the texts may hold secrets: keep only a digest
-
-
-def _cached(cache: dict[str, tuple[str, T]], identity: str, credentials: str, make: Callable[[], T]) -> T:
-    """One client per ``identity`` (the configuration without its secrets), rebuilt when ``credentials`` change.
-
-    The code server lives for days and secrets rotate: a client keyed by its secret too would stay in the
-    cache beside its successor after every rotation, with its sockets and librdkafka threads. The replaced
-    client is dropped, not closed, because a tick or run on another thread may still be using it."""
-    key, fingerprint = _digest(identity), _digest(credentials)
-    with _cache_lock:
-        entry = cache.get(key)
-        if entry is None or entry[0] != fingerprint:
-            entry = (fingerprint, make())
-            cache[key] = entry
-        return entry[1]
-
-
-def release_cached_clients() -> None:
-    """Close and forget every cached store and stream client of this process.
-
-    For a process that outlives the servers its clients talk to (a test session stopping its broker, a
-    code server told to reload): a librdkafka client left alive reconnects and logs a refused connection
-    every second until the process ends."""
-    with _cache_lock:
-        clients: list[StateStore | StreamBackend] = [client for _, client in _stores.values()]
-        clients += [client for _, client in _backends.values()]
-        _stores.clear()
-        _backends.clear()
-    for client in clients:
-        client.close()
+_stores = client_cache.stores
+_backends = client_cache.backends
+_cached = client_cache.cached
+release_cached_clients = client_cache.release_cached_clients
+"""The per-process client cache lives below this layer (``dagster_streamgroup.client_cache``): a run worker
+releases it without importing the Dagster layer."""
 
 
 def default_store_url() -> str:
@@ -216,8 +183,15 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         description="Ranges smaller than this share a Spark task until it holds this many records (a task costs "
         "a consumer and a Python worker's turn whatever it reads); None: a task per range. Our Python sources only.",
     )
-    lag_alert_records: int = Field(
-        default=1_000_000, description="The lag asset check fails when a shard is further behind than this."
+    lag_alert_records: int | None = Field(
+        default=1_000_000,
+        description="The lag asset check fails when a shard is more records behind than this (None: no limit "
+        "in records; then lag_alert_seconds must be set).",
+    )
+    lag_alert_seconds: float | None = Field(
+        default=None,
+        description="The lag asset check fails when a shard's first record not yet committed is older than this "
+        "many seconds (None: no limit in time).",
     )
     value_format: str = Field(
         default="bytes",
@@ -315,6 +289,10 @@ class StreamGroupResource(dg.ConfigurableResource["StreamGroupResource"]):
         for name in ("spark_split_records", "lag_alert_records", "spark_pack_records"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
+        if self.lag_alert_seconds is not None and not self.lag_alert_seconds > 0:
+            raise ValueError(f"lag_alert_seconds: must be > 0 (seconds), got {self.lag_alert_seconds:g}")
+        if self.lag_alert_records is None and self.lag_alert_seconds is None:
+            raise ValueError("lag_alert_records: None needs lag_alert_seconds set (the lag check needs a limit)")
         longest_wait = max(self.heartbeat_interval_s, DAEMON_LOOP_S) - TICK_WAIT_MARGIN_S
         if not 0 <= self.tick_wait_s <= longest_wait:
             raise ValueError(

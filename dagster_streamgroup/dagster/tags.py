@@ -1,8 +1,9 @@
 """What a run carries from the sensor tick to its commit: its ranges (run config), its identity (run tags).
 
-A run launched by a member holds its ranges in its run config (``StreamRunConfig``: shard, start, end,
-attempt and epoch of each) and names its member and run key in tags, so it can present its commit without
-reading anything else, and the UI can filter runs by group, member or run key. A run without a member (a
+A run launched by a member holds its ranges and run key in its run config (``StreamRunConfig``: shard, start,
+end, attempt and epoch of each), so it can present its commit without reading anything else, and names its group
+and member (and its shard, when it has one) in tags, so the UI can filter runs by them; its Dagster run key is
+the protocol's. A run without a member (a
 backfill from the UI or the CLI) re-processes its ranges and never commits.
 
 Partitions are shards, not ranges: one dynamic partition per shard, so a stream running for a year keeps
@@ -17,36 +18,26 @@ from collections.abc import Mapping, Sequence
 import dagster as dg
 from pydantic import Field
 
+from dagster_streamgroup import run_tags as _names
 from dagster_streamgroup.protocol import Launch, RangeReport
 
-PREFIX = "streamgroup/"
-TAG_GROUP = PREFIX + "group"
-TAG_MEMBER = PREFIX + "member"
-TAG_RUN_KEY = PREFIX + "run_key"
-"""The protocol's run key (also the Dagster run key of a member's run)."""
-TAG_RANGES = PREFIX + "ranges"
-"""How many ranges the run holds."""
-TAG_RECORDS = PREFIX + "records"
-TAG_ATTEMPT = PREFIX + "attempt"
-"""The highest attempt among the run's ranges (0: every range is on its first try)."""
-TAG_SHARD = PREFIX + "shard"
-"""Set on runs of a single shard (backfills, retries), for filtering and per-shard run limits."""
-TAG_BACKFILL = PREFIX + "backfill"
-TAG_START = PREFIX + "start"
-TAG_END = PREFIX + "end"
-"""A backfill of shard partitions from the UI gives its offset range in these two tags."""
-TAG_ALIGN = PREFIX + "align"
-"""``false``: a backfill cuts its range in pieces instead of following the committed ranges (the default, unless the
-asset's sink replaces rows by their coordinates)."""
-TAG_CHUNK = PREFIX + "chunk"
-"""A backfill's piece size where no committed range is recorded (default: the group's ``max_records_per_run``)."""
-ASSET_BACKFILL_OF = PREFIX + "backfill_of"
-"""Metadata of a stream asset's backfill asset: the stream asset's key."""
-ASSET_REPLACES_BY_COORDINATES = PREFIX + "replaces_by_coordinates"
-"""Metadata of a stream asset whose sink replaces rows by their source coordinates (shard and offset)."""
-TAG_LAUNCH_FAILED = PREFIX + "launch_failed"
-"""Set on a run whose launch raised (its value: the error's type): no worker ever read its ranges, so its
-member relaunches them without counting an attempt."""
+# The names' home is below the Dagster layer (``run_tags``), where the launcher and the patches reach them.
+PREFIX = _names.PREFIX
+TAG_GROUP = _names.TAG_GROUP
+TAG_MEMBER = _names.TAG_MEMBER
+TAG_RUN_KEY = _names.TAG_RUN_KEY
+TAG_RANGES = _names.TAG_RANGES
+TAG_RECORDS = _names.TAG_RECORDS
+TAG_ATTEMPT = _names.TAG_ATTEMPT
+TAG_SHARD = _names.TAG_SHARD
+TAG_BACKFILL = _names.TAG_BACKFILL
+TAG_START = _names.TAG_START
+TAG_END = _names.TAG_END
+TAG_ALIGN = _names.TAG_ALIGN
+TAG_CHUNK = _names.TAG_CHUNK
+ASSET_BACKFILL_OF = _names.ASSET_BACKFILL_OF
+ASSET_REPLACES_BY_COORDINATES = _names.ASSET_REPLACES_BY_COORDINATES
+TAG_LAUNCH_FAILED = _names.TAG_LAUNCH_FAILED
 
 _NAME_RE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -107,15 +98,11 @@ def run_config(launches: Sequence[Launch]) -> StreamRunConfig:
 
 
 def run_tags(launches: Sequence[Launch]) -> dict[str, str]:
+    """Only what a user filters runs by, and what a shard's concurrency limit keys on: the group, the member, and
+    the shard of a single-shard run. The rest (run key, ranges, attempts) is in the run config, the run key in
+    ``dagster/run_key`` too; a tag each would make the runs list a wall of chips."""
     first = launches[0]
-    tags = {
-        TAG_GROUP: first.group,
-        TAG_MEMBER: first.member_id,
-        TAG_RUN_KEY: first.run_key,
-        TAG_RANGES: str(len(launches)),
-        TAG_RECORDS: str(sum(x.records for x in launches)),
-        TAG_ATTEMPT: str(max(x.attempt for x in launches)),
-    }
+    tags = {TAG_GROUP: first.group, TAG_MEMBER: first.member_id}
     if len(launches) == 1:
         tags[TAG_SHARD] = first.shard
     return tags

@@ -96,7 +96,7 @@ def release_run_clients() -> None:
     """Close the store and stream clients the group resources cache per process: a code server's cache lets
     its ticks share connections, but a run in a worker must connect as a run in a new process does, with the
     credentials of its own start (a store password rotated since a worker's first run must refuse the next)."""
-    from dagster_streamgroup.dagster.resources import release_cached_clients
+    from dagster_streamgroup.client_cache import release_cached_clients
 
     release_cached_clients()
 

@@ -33,7 +33,6 @@ from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import ConfigurableClass, serialize_value
 from dagster._serdes.config_class import ConfigurableClassData
 
-from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED
 from dagster_streamgroup.launcher import process
 from dagster_streamgroup.launcher.client import ForkServerUnavailableError, StartUnconfirmedError
 from dagster_streamgroup.launcher.pool import Lease, ServerPool
@@ -42,6 +41,7 @@ from dagster_streamgroup.launcher.settings import LauncherSettings
 from dagster_streamgroup.launcher.spawn import SpawnedWorkers
 from dagster_streamgroup.launcher.workdir import unreachable_code_file
 from dagster_streamgroup.launcher.worker import WORKER_TAG, RunWorker
+from dagster_streamgroup.run_tags import TAG_LAUNCH_FAILED
 
 
 class ForkServerRunLauncher(RunLauncher[DagsterInstance], ConfigurableClass):

@@ -50,8 +50,8 @@ from dagster import DagsterRun, DagsterRunStatus, QueuedRunCoordinator, RunsFilt
 from filelock import FileLock
 
 from dagster_streamgroup import patches
-from dagster_streamgroup.dagster.tags import TAG_LAUNCH_FAILED, TAG_MEMBER
 from dagster_streamgroup.patches import migrations, run_databases, schema_checks, sqlite_engines
+from dagster_streamgroup.run_tags import TAG_LAUNCH_FAILED, TAG_MEMBER
 
 log = logging.getLogger(__name__)
 

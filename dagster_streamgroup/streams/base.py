@@ -42,6 +42,33 @@ def open_transaction_text(stable: int, written: int) -> str:
     )
 
 
+def seconds_behind_at(now_ms: int, committed: int, written_end: int, record_time_ms: int | None) -> float:
+    """How far in time a shard is behind: now minus the time of its first record not yet committed, 0 when
+    caught up (or when that record is not readable yet: an open transaction's). Never negative: a producer's
+    clock ahead of ours is not a lead."""
+    if committed >= written_end or record_time_ms is None:
+        return 0.0
+    return max(0.0, (now_ms - record_time_ms) / 1000.0)
+
+
+def seconds_behind(
+    backend: StreamBackend,
+    committed: Mapping[str, int | None],
+    marks: Mapping[str, Watermarks],
+    *,
+    now_ms: int | None = None,
+) -> dict[str, float]:
+    """Seconds behind of every shard with a committed offset and watermarks; the backend is asked for record
+    times only for the shards that lag (none: no request)."""
+    import time
+
+    known = {s: c for s, c in committed.items() if c is not None and s in marks}
+    lagging = {s: c for s, c in known.items() if c < marks[s].written_end}
+    times = backend.record_times(lagging) if lagging else {}
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return {s: seconds_behind_at(now, c, marks[s].written_end, times.get(s)) for s, c in known.items()}
+
+
 class StreamListing(NamedTuple):
     """What exists of the stream now, as a member tick needs it (the protocol's ``StreamView``)."""
 
@@ -178,6 +205,12 @@ class StreamBackend(Protocol):
 
     def offset_for_time(self, shard: str, timestamp_ms: int) -> int:
         """The earliest offset whose record time is at or after ``timestamp_ms`` (the high watermark if none)."""
+        ...
+
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """The time (ms since the epoch) of the first record at or after each shard's offset, by the records' own
+        timestamps (Kafka: the record's timestamp; v3io: its arrival time); ``None`` where no record is there yet.
+        One bounded request per call over all the shards: ``seconds_behind`` asks it only for shards with lag."""
         ...
 
     def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:

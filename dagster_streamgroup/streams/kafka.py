@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import pyarrow as pa
 from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -463,6 +464,8 @@ class KafkaBackend:
         self._cluster_id: str | None = cluster_id
         self._group_consumers: dict[str, Consumer] = {}
         self._group_lock = threading.Lock()
+        self._timer: Consumer | None = None
+        self._timer_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"KafkaBackend({self.config.bootstrap_servers!r}, topics={self.config.topics!r})"
@@ -916,6 +919,64 @@ class KafkaBackend:
             raise StreamError(f"looking up a time in {shard}: its topic does not exist")
         return marks[shard].high
 
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """One consumer (kept between calls) assigned at every offset, polled until each partition gave its first
+        record or its end.
+
+        ``offsets_for_times`` answers the other question (the offset of a time), so it cannot tell the time of
+        the record at an offset without a search of several requests per partition; one fetch of all the lagging
+        partitions is one round trip to each leader, and ``fetch.max.bytes``-bounded. An offset below retention
+        reads the first record still held (``auto.offset.reset=earliest``): that one is the oldest not committed.
+        Bounded by ``request_timeout_s``: a partition that answers nothing in time has no time (``None``)."""
+        if not offsets:
+            return {}
+        out: dict[str, int | None] = dict.fromkeys(offsets)
+        with self._timer_lock:
+            if self._timer is None:
+                self._timer = new_client(Consumer, self._timer_config())
+            consumer = self._timer
+            try:
+                consumer.assign([self._topic_partition(s, o) for s, o in offsets.items()])
+                pending = set(offsets)
+                deadline = time.monotonic() + self.request_timeout_s
+                while pending and time.monotonic() < deadline:
+                    for msg in consumer.consume(max(len(pending), 1), 0.1):
+                        shard = shard_id(str(msg.topic()), int(msg.partition() or 0))
+                        if shard not in pending:
+                            continue
+                        err = msg.error()
+                        if err is None:
+                            kind, stamp = msg.timestamp()
+                            out[shard] = int(stamp) if kind != TIMESTAMP_NOT_AVAILABLE and stamp >= 0 else None
+                        elif err.code() != KafkaError._PARTITION_EOF:
+                            continue  # a transient fetch error: librdkafka retries until the deadline
+                        pending.discard(shard)
+                        consumer.pause([self._topic_partition(shard)])
+                # paused or not, every partition is let go: the next call assigns its own offsets afresh
+                consumer.resume(consumer.assignment())
+                consumer.unassign()
+            except KafkaException as exc:
+                self._timer = None
+                with contextlib.suppress(Exception):
+                    consumer.close()
+                raise StreamError(f"reading record times: {_error_text(exc)}") from exc
+        return out
+
+    def _timer_config(self) -> dict[str, Any]:
+        """An assign-only reader of single records, kept between calls (its connections are most of a call's cost):
+        it commits nothing and fetches little."""
+        return {
+            **self.config.client_config(),
+            "group.id": READER_GROUP,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": 1_048_576,
+            "max.partition.fetch.bytes": 65_536,
+            "fetch.wait.max.ms": 100,
+        }
+
     def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
         tp = self._topic_partition(shard)
         return read_ranges(
@@ -927,6 +988,11 @@ class KafkaBackend:
 
     def close(self) -> None:
         self._admin = None
+        with self._timer_lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            with contextlib.suppress(Exception):
+                timer.close()
         with self._group_lock:
             consumers = list(self._group_consumers.values())
             self._group_consumers.clear()

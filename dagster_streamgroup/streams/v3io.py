@@ -599,6 +599,22 @@ class V3ioBackend:
             return first
         return self.stream.last_sequence(number) + 1
 
+    def record_times(self, offsets: Mapping[str, int]) -> dict[str, int | None]:
+        """The arrival time the platform stamped on the record at each sequence number: a seek and a one-record
+        GetRecords per shard (v3io has no request over several shards). A sequence number below retention reads
+        the earliest record still held."""
+        out: dict[str, int | None] = {}
+        for shard, offset in offsets.items():
+            number = parse_shard(shard)
+            location = self.stream.seek(number, "SEQUENCE", starting_sequence_number=max(offset, FIRST_SEQUENCE))
+            if location is None:
+                location = self.stream.seek(number, "EARLIEST")
+            found = self.stream.get_records(number, location, 1) if location is not None else None
+            records = found.records if found is not None else []
+            first = records[0] if records else None
+            out[shard] = None if first is None else first.arrival_time_sec * 1000 + first.arrival_time_nsec // 1_000_000
+        return out
+
     def read_range(self, shard: str, start: int, end: int, *, batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
         return read_shard_range(
             self.stream,

@@ -374,7 +374,7 @@ def test_a_refused_launch_is_logged_with_the_ranges_and_attempts_its_run_config_
     config = {"ops": {"chaos_ranges": {"config": {"member": "m@d", "run_key": "k", "ranges": [
         {"shard": "t:0", "start": 5, "end": 9, "attempt": 1, "epoch": 3}, {"shard": "t:1", "start": 0, "end": 4},
     ]}}}}  # fmt: skip
-    tags = {sgt.TAG_GROUP: "g", sgt.TAG_MEMBER: "m@d", sgt.TAG_RUN_KEY: "k"}
+    tags = {sgt.TAG_GROUP: "g", sgt.TAG_MEMBER: "m@d"}  # a member run names no run key in its tags: its config does
     refused = refused_launch("r", tags, config)
     assert (refused.run_id, refused.group, refused.member, refused.run_key) == ("r", "g", "m@d", "k")
     assert [(x.shard, x.start, x.end, x.attempt, x.epoch) for x in refused.ranges] == [

@@ -88,6 +88,12 @@ class SensorDriver:
         return requests[0]
 
 
+def attempts_of_request(request: dg.RunRequest) -> list[int]:
+    """The attempt of each range a run request holds, from its run config (runs carry no attempt tag)."""
+    config = next(iter(request.run_config["ops"].values()))["config"]
+    return [int(r["attempt"]) for r in config["ranges"]]
+
+
 def ranges_of_request(request: dg.RunRequest) -> list[tuple[str, int, int]]:
     """(shard, start, end) of each range a run request holds, from its run config."""
     config = next(iter(request.run_config["ops"].values()))["config"]

@@ -4,6 +4,7 @@ against a real webserver: tests/e2e/test_backfill.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,21 @@ def test_status_unpark_and_backfill_plan(kafka_bootstrap: str, kafka_topics: Top
         assert f"{topic}:0" in status.output and f"{topic}:1" in status.output
         assert "[0, 300)" in status.output  # parked range (and the range in flight on the other shard)
         assert "parked" in status.output and "total lag: 1002 records" in status.output
+        assert "seconds behind" in status.output
+
+        as_json = runner.invoke(main, ["status", "--group", group, "--definitions", str(definitions), "--json"])
+        assert as_json.exit_code == 0, as_json.output
+        report = json.loads(as_json.output)
+        assert report["group"] == group and report["state"]["total_lag"] == 1002
+        members = report["state"]["members"]
+        assert len(members) == 1 and members[0]["member"].startswith(sensor.name) and members[0]["shards"] == 2
+        rows = {row["shard"]: row for row in report["state"]["shards"]}
+        assert set(rows) == {f"{topic}:0", f"{topic}:1"}
+        for row in rows.values():
+            assert row["lag"] == 501 and row["committed"] == 0
+            assert 0.0 < row["seconds_behind"] < 600.0  # the first record was written moments ago
+        assert rows[f"{topic}:0"]["parked"].startswith("[0, 300)")
+        assert report["state"]["max_seconds_behind"] == max(r["seconds_behind"] for r in rows.values())
 
         unparked = runner.invoke(
             main, ["unpark", "--group", group, "--definitions", str(definitions), "--shard", f"{topic}:0"]

@@ -21,6 +21,7 @@ from dagster_streamgroup.local.kafka_data import produce_sample
 from dagster_streamgroup.stores.ranges import range_index
 from tests.dagster.helpers import (
     SensorDriver,
+    attempts_of_request,
     counting_asset,
     group_name,
     group_resource,
@@ -52,13 +53,11 @@ def test_a_member_requests_one_run_over_all_its_shards_sized_by_backlog(
         assert request.partition_key is None and request.asset_selection == [asset.key]
         assert request.run_key is not None and request.run_key.startswith(f"{group}:{first.member_id}:4r:")
         assert request.tags is not None
-        assert request.tags[sgt.TAG_MEMBER] == first.member_id and request.tags[sgt.TAG_RUN_KEY] == request.run_key
-        assert (request.tags[sgt.TAG_RANGES], request.tags[sgt.TAG_RECORDS], request.tags[sgt.TAG_ATTEMPT]) == (
-            "4",
-            "1000",
-            "0",
-        )
+        # tags hold only what a user filters by; the run key, ranges and attempts are in the run config
+        assert request.tags == {sgt.TAG_GROUP: group, sgt.TAG_MEMBER: first.member_id}
+        assert attempts_of_request(request) == [0] * 4
         config = next(iter(request.run_config["ops"].values()))["config"]
+        assert config["run_key"] == request.run_key
         assert config["member"] == first.member_id and {r["epoch"] for r in config["ranges"]} == {1}
         # one partition per shard, whatever the ranges
         added = result.dynamic_partitions_requests
@@ -192,7 +191,7 @@ def test_a_run_that_ended_without_reporting_is_retried_then_parked(
         # each range is retried with the same offsets, as a new attempt, in a run of its own
         retries = driver.requests()
         assert sorted(ranges_of_request(r)[0] for r in retries) == sorted(ranges_of_request(first))
-        assert all(len(ranges_of_request(r)) == 1 and r.tags and r.tags[sgt.TAG_ATTEMPT] == "1" for r in retries)
+        assert all(len(ranges_of_request(r)) == 1 and attempts_of_request(r) == [1] for r in retries)
         assert first.run_key not in {r.run_key for r in retries}
 
         poisoned = next(r for r in retries if ranges_of_request(r)[0][0] == shards[0])
@@ -231,6 +230,7 @@ def test_lag_of_every_owned_shard_is_observed_and_checked(
     kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
 ) -> None:
     topic = kafka_topics(partitions=2)
+    before_ms = time.time() * 1000
     produce_sample(kafka_bootstrap, topic, 2, 1000)
     group = group_name()
     resource = group_resource(kafka_bootstrap, topic, group, tmp_path, lag_alert_records=500)
@@ -243,11 +243,20 @@ def test_lag_of_every_owned_shard_is_observed_and_checked(
         metadata = observations[0].metadata
         assert metadata[f"lag {topic}:0"].value == 501
         assert metadata["lag"].value == 1002
+        # seconds behind: from the first record's own timestamp, written after before_ms (this machine's clock)
+        ceiling = (time.time() * 1000 - before_ms) / 1000 + 0.01
+        for shard in (f"{topic}:0", f"{topic}:1"):
+            assert 0.0 < metadata[f"seconds_behind {shard}"].value < ceiling  # type: ignore[operator]
+        assert metadata["seconds_behind"].value == max(
+            metadata[f"seconds_behind {topic}:{p}"].value  # type: ignore[type-var]
+            for p in (0, 1)
+        )
         # The member evaluates the checks its runs plan none of: lag with each lag report, parked at its first tick.
         checks = {e.check_name: e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)}
         assert set(checks) == {LAG_CHECK, PARKED_CHECK} and checks[PARKED_CHECK].passed
         lag = checks[LAG_CHECK]
         assert not lag.passed and lag.metadata["max_lag"].value == 501 and lag.metadata["limit"].value == 500
+        assert lag.metadata[f"seconds_behind {topic}:0"].value == metadata[f"seconds_behind {topic}:0"].value
         assert all(r.asset_check_keys == [] for r in result.run_requests or []), "runs plan no check"
         throttled = driver.tick()
         assert not [e for e in throttled.asset_events if isinstance(e, dg.AssetObservation | dg.AssetCheckEvaluation)]
@@ -597,7 +606,7 @@ def test_a_launch_that_raised_is_relaunched_with_backoff_and_never_counts_as_an_
             time.sleep(2 ** (failure - 1) + 0.2)  # the backoff doubles from the 1 s heartbeat
             request = driver.request()
             assert ranges_of_request(request) == planned, "the same bounds"
-            assert request.tags is not None and request.tags[sgt.TAG_ATTEMPT] == "0"
+            assert attempts_of_request(request) == [0, 0]
             keys.append(request.run_key)
         assert keys[1:] == [f"{keys[0]}:l{n}" for n in (1, 2, 3)]
         assert observed == ["launch_failing"], "one event, at the third launch in a row"

@@ -123,6 +123,7 @@ def test_a_run_reads_every_range_commits_them_together_and_materializes_each_sha
                 0,
             )
             assert (m["member"], m["epoch"], m["run_ranges"], m["run_records"]) == (driver.member_id, 1, 2, 602)
+            assert m["seconds_behind"] == 0.0  # caught up: no record waits
             assert m["rows_seen"] == 602 and m["session_s"] >= 0 and m["process_s"] >= 0
         assert request.asset_check_keys == [] and not result.get_asset_check_evaluations(), (
             "a member's run plans and evaluates no check: its member's ticks do"

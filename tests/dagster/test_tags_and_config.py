@@ -41,8 +41,8 @@ def test_partitions_are_shards_and_run_keys_name_ranges_attempts_and_epochs() ->
     ]
     assert sgt.dagster_run_key(batch) == "g:g_member_0:2r:abc"
     tags = sgt.run_tags(batch)
-    assert tags[sgt.TAG_RANGES] == "2" and tags[sgt.TAG_RECORDS] == "300" and sgt.TAG_SHARD not in tags
-    assert sgt.run_tags([single])[sgt.TAG_SHARD] == "clicks:3"
+    assert tags == {sgt.TAG_GROUP: "g", sgt.TAG_MEMBER: batch[0].member_id}  # filters, no per-run figures
+    assert sgt.run_tags([single]) == {sgt.TAG_GROUP: "g", sgt.TAG_MEMBER: single.member_id, sgt.TAG_SHARD: "clicks:3"}
 
 
 def test_run_config_carries_the_commit_identity() -> None:
@@ -204,3 +204,19 @@ def test_fields_from_env_vars_are_checked_when_they_resolve() -> None:
     assert isinstance(resource.store_url, dg.EnvVar) and isinstance(resource.bootstrap_servers, dg.EnvVar)
     with pytest.raises((ValidationError, StreamGroupConfigError), match="store_url"):
         kafka_group(store_url="STREAMGROUP_TEST_STATE_URL")  # the same text, given literally, is checked
+
+
+def test_a_runs_ranges_read_as_a_table_on_its_run_page() -> None:
+    from dagster_streamgroup.dagster.assets import ranges_table
+
+    table = ranges_table(
+        [
+            sgt.RangeSpec(shard="clicks:3", start=100, end=250, attempt=1, epoch=4),
+            sgt.RangeSpec(shard="clicks:12", start=0, end=7),
+        ]
+    )
+    assert table.splitlines() == [
+        "shard      start  end  records  attempt",
+        "clicks:3     100  250      150        1",
+        "clicks:12      0    7        7        0",
+    ]

@@ -185,7 +185,7 @@ def test_one_group_across_two_deployments(kafka_bootstrap: str, postgres_url: st
                     if s.inflight is not None and s.inflight.member_id in a_members
                 }
                 started_runs = [
-                    r for r in runs if r["status"] == "STARTED" and r["tags"].get("streamgroup/run_key") in inflight
+                    r for r in runs if r["status"] == "STARTED" and r["tags"].get("dagster/run_key") in inflight
                 ]
                 a_runs_seen.update({r["runId"]: r["status"] for r in runs})
                 return sorted(inflight.values()) if started_runs else None

@@ -89,6 +89,8 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
         ("spark_split_records", 0),
         ("spark_pack_records", 0),
         ("lag_alert_records", -1),
+        ("lag_alert_seconds", 0.0),
+        ("lag_alert_seconds", float("nan")),
         ("run_mode", "batch"),
         ("seek_timestamp_ms", -1),
         ("tick_wait_s", -0.5),
@@ -109,6 +111,8 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
         "spark_split_records",
         "spark_pack_records",
         "lag_alert_records",
+        "lag_alert_seconds-zero",
+        "lag_alert_seconds-nan",
         "run_mode",
         "seek_timestamp_ms",
         "tick_wait_s-negative",
@@ -119,6 +123,12 @@ def test_member_sensors_refuse_a_fractional_interval_when_defined() -> None:
 def test_a_group_field_out_of_its_bounds_is_named(field: str, value: object) -> None:
     extra = {"seek": "timestamp"} if field == "seek_timestamp_ms" else {}
     refused(lambda: kafka(**{field: value}, **extra), field)
+
+
+def test_a_lag_check_without_any_limit_is_refused_and_either_limit_alone_is_taken() -> None:
+    refused(lambda: kafka(lag_alert_records=None), "lag_alert_records")
+    assert kafka(lag_alert_records=None, lag_alert_seconds=30.0).lag_alert_seconds == 30.0
+    assert kafka(lag_alert_seconds=5.0).lag_alert_records == 1_000_000
 
 
 @pytest.mark.parametrize(

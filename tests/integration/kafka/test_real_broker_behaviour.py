@@ -30,7 +30,7 @@ from dagster_streamgroup.protocol import EventKind, GroupEvent, GroupPolicy, Gro
 from dagster_streamgroup.stores.base import StateStore
 from dagster_streamgroup.stores.memory import MemoryStore
 from dagster_streamgroup.stores.sql import SqlStateStore
-from dagster_streamgroup.streams.base import OffsetOutOfRangeError
+from dagster_streamgroup.streams.base import OffsetOutOfRangeError, seconds_behind
 from dagster_streamgroup.streams.kafka import KAFKA_ARROW_SCHEMA, KafkaBackend, PartitionRange, parse_shard, read_ranges
 from dagster_streamgroup.streams.kafka_config import KafkaStreamConfig
 from tests.fixtures.kafka import TopicFactory, unique_name
@@ -673,3 +673,49 @@ def test_kafkas_consumer_groups_tool_sees_the_groups_offsets_and_lag(
     check(expect_lag_zero=False)
     _drain(backend, [member], max_rounds=4)
     check(expect_lag_zero=True)
+
+
+def test_a_stopped_group_reads_as_stale_to_kafkas_tool_and_to_ours(
+    kafka_bootstrap: str, kafka_topics: TopicFactory, tmp_path: Path
+) -> None:
+    """A group whose members all stopped is behind, and more so as records arrive and time passes: the lag
+    Kafka's consumer-groups tool shows and ours agree and grow, and our seconds behind is the time since the
+    first record not committed (by that record's own timestamp, exactly), growing with the wall clock, while a
+    caught-up partition stays at 0."""
+    topic = kafka_topics(2)
+    produce_records(kafka_bootstrap, topic, 0, [b"v"] * 4)
+    produce_records(kafka_bootstrap, topic, 1, [b"v"])
+    backend = _backend(kafka_bootstrap, topic)
+    group = unique_name("g")
+    member = _member(_sqlite(tmp_path), backend, group)
+    _drain(backend, [member], max_rounds=4)  # then every member stops, and p0 gets records stamped in the past
+    stamps = [int(time.time() * 1000) - 120_000 + 1000 * i for i in range(6)]
+    produce_records(kafka_bootstrap, topic, 0, [b"v"] * 6, timestamps_ms=stamps)
+    committed = _committed(member.load())
+    assert committed == {f"{topic}:0": 4, f"{topic}:1": 1}
+
+    def both_views() -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
+        marks = backend.watermarks(backend.shards())
+        ours = {s: marks[s].written_end - c for s, c in committed.items() if c is not None}
+        theirs = {f"{t}:{p}": int(row["LAG"]) for (t, p), row in _describe_group(kafka_bootstrap, group).items()}
+        return ours, theirs, seconds_behind(backend, committed, marks)
+
+    lag1, tool1, behind1 = both_views()
+    assert lag1 == tool1 == {f"{topic}:0": 6, f"{topic}:1": 0}
+    now_ms = int(time.time() * 1000)
+    exact = seconds_behind(backend, committed, backend.watermarks(backend.shards()), now_ms=now_ms)
+    assert exact == {f"{topic}:0": (now_ms - stamps[0]) / 1000, f"{topic}:1": 0.0}
+    assert behind1[f"{topic}:1"] == 0.0
+
+    time.sleep(1.5)  # nobody commits: time passes and records arrive on both partitions
+    produce_records(kafka_bootstrap, topic, 0, [b"w"] * 3)
+    produce_records(kafka_bootstrap, topic, 1, [b"w"] * 2)
+    lag2, tool2, behind2 = both_views()
+    assert lag2 == tool2 == {f"{topic}:0": 9, f"{topic}:1": 2}
+    assert behind2[f"{topic}:0"] >= behind1[f"{topic}:0"] + 1.5
+    assert behind2[f"{topic}:1"] > 0.0  # now behind by its new records' age, however young
+    assert backend.record_times({}) == {}
+    # the kept reader is positioned afresh at every call: a later offset, then an earlier one again
+    assert backend.record_times({f"{topic}:0": 7}) == {f"{topic}:0": stamps[3]}
+    again = backend.record_times({f"{topic}:0": 4, f"{topic}:1": 1})
+    assert again[f"{topic}:0"] == stamps[0] and again[f"{topic}:1"] is not None  # p1's new records are there

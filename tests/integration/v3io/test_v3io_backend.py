@@ -15,7 +15,7 @@ import v3io.dataplane
 from pydantic import SecretStr, ValidationError
 
 from dagster_streamgroup.local.v3io.testing import V3ioServerInfo, V3ioServerProcess
-from dagster_streamgroup.streams.base import OffsetOutOfRangeError, StreamError, Watermarks
+from dagster_streamgroup.streams.base import OffsetOutOfRangeError, StreamError, Watermarks, seconds_behind
 from dagster_streamgroup.streams.v3io import V3IO_ARROW_SCHEMA, V3ioBackend, committed_attribute
 from dagster_streamgroup.streams.v3io_config import V3ioStreamConfig
 from tests.fixtures.v3io import unique_v3io_name
@@ -214,3 +214,30 @@ def test_a_wrong_access_key_fails_without_showing_it(locked_server: V3ioServerIn
         assert wrong not in str(caught.value) and "the-right-key" not in str(caught.value)
     finally:
         backend.close()
+
+
+def test_seconds_behind_is_the_arrival_time_of_the_first_record_not_committed(
+    new_stream: NewStream, v3io_client: Any
+) -> None:
+    """Each shard's seconds behind counts from the arrival time the server stamped on the record at the committed
+    sequence number (the same time a run reads in ``arrival_time``); a caught-up shard and an empty one are 0, and
+    a shard nobody commits falls further behind as time passes."""
+    backend = new_stream(3)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"a", b"b"])
+    time.sleep(1.1)  # the records past the committed offset arrive a second later than those before it
+    put(v3io_client, path, 0, [b"c", b"d"])
+    put(v3io_client, path, 1, [b"x"])
+    arrivals = [s.timestamp() for s in _rows(backend, "0", 1, 5).column("arrival_time").to_pylist()]
+    committed: dict[str, int | None] = {"0": 3, "1": 2, "2": 1}
+    times = backend.record_times({"0": 3, "1": 2, "2": 1})
+    assert times["0"] is not None and abs(times["0"] / 1000 - arrivals[2]) < 0.002
+    assert times["1"] is None and times["2"] is None  # nothing at or after those offsets yet
+    marks = backend.watermarks(backend.shards())
+    now_ms = int(time.time() * 1000)
+    behind = seconds_behind(backend, committed, marks, now_ms=now_ms)
+    assert behind == {"0": (now_ms - times["0"]) / 1000, "1": 0.0, "2": 0.0}
+    assert behind["0"] < now_ms / 1000 - arrivals[0]  # the records committed before it do not count
+    time.sleep(0.5)
+    later = seconds_behind(backend, committed, backend.watermarks(backend.shards()))
+    assert later["0"] >= behind["0"] + 0.5 and later["1"] == 0.0
