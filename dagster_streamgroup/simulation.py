@@ -17,7 +17,7 @@ import heapq
 import itertools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -569,7 +569,7 @@ class Simulation:
             segment = (shard_id, new.identity, new.repositioned.epoch if new.repositioned else 0)
             moved = new.identity != old.identity or new.repositioned != old.repositioned
             recreated = old.identity is not None and old.committed is not None and new.identity != old.identity
-            named = any(e.kind == "recreated" and e.shard == shard_id and e.start == old.committed for e in added)
+            named = recreated and _recreation_named(added, shard_id, old.committed)
             if recreated and not named:
                 self.violations.append(f"log of {shard_id} recreated without an event naming {old.committed}")
             if recreated and new.committed is not None and new.repositioned == old.repositioned:
@@ -690,3 +690,17 @@ def random_scenario(seed: int) -> SimConfig:
         cold_start=rng.random() < 0.5,
         lifecycle=rng.random() < 0.5,
     )
+
+
+def _recreation_named(added: Sequence[protocol.GroupEvent], shard_id: str, committed: int | None) -> bool:
+    """Whether the events of one step name every record of the old log from ``committed`` on: a ``recreated``
+    event from there, or one from the end of the ranges the same step dead-lettered or reported lost from there
+    (a run that failed for good as its member was evicted, in the step that saw the log recreated)."""
+    events = [e for e in added if e.shard == shard_id]
+    position = committed
+    while position is not None:
+        if any(e.kind == "recreated" and e.start == position for e in events):
+            return True
+        skipped = [e.end for e in events if e.kind in ("dead_letter", "data_loss") and e.start == position]
+        position = max((end for end in skipped if end is not None and end > position), default=None)
+    return False

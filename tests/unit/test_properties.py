@@ -7,9 +7,10 @@ resets), with the invariants checked after every step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dagster_streamgroup import protocol
@@ -242,6 +243,7 @@ def test_invariants_hold_under_random_faults_and_the_group_converges(
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=89519987)  # a log recreated in the step that dead-lettered its range in flight (its member evicted)
 def test_simulated_groups_keep_every_invariant(seed: int) -> None:
     result = Simulation(random_scenario(seed)).run()
     assert result.violations == []
@@ -280,6 +282,23 @@ def test_simulator_detects_a_recreated_log_read_from_the_old_offsets(monkeypatch
     scenarios = [random_scenario(seed) for seed in range(40)]
     found = [Simulation(c).run().violations for c in scenarios if c.lifecycle]
     assert any("carried over into a new log" in v for vs in found for v in vs)
+
+
+def test_simulator_detects_a_recreated_log_whose_event_names_the_wrong_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks can fail: a ``recreated`` event that names an offset past the group's (records of the old log
+    neither read nor named) is reported."""
+    from dagster_streamgroup.protocol import lifecycle
+
+    real = lifecycle.recreated
+
+    def misnamed(*args: Any) -> tuple[protocol.ShardState, protocol.GroupEvent]:
+        shard, event = real(*args)
+        return shard, protocol.state.evolve(event, start=(event.start or 0) + 1)
+
+    monkeypatch.setattr(lifecycle, "recreated", misnamed)
+    scenarios = [random_scenario(seed) for seed in range(40)]
+    found = [Simulation(c).run().violations for c in scenarios if c.lifecycle]
+    assert any("recreated without an event naming" in v for vs in found for v in vs)
 
 
 def test_cold_start_and_failover_converge_within_their_bounds() -> None:
