@@ -386,8 +386,9 @@ class Simulation:
 
         def done(launches: list[Launch] | None) -> None:
             member.busy = False
-            for run in vanished:
-                run.done = True
+            if launches is not None:  # the tick's write landed; one given up after its CAS attempts failed nothing
+                for run in vanished:  # (a member asks Dagster again at its next tick)
+                    run.done = True
             for ranges in protocol.runs_of(launches or []).values():
                 self._launch(ranges)
             self.at(max(next_at, self.now), lambda: self._tick(member))
