@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from dagster_streamgroup.formats.arrow import conform
+from dagster_streamgroup.formats.wire import zigzag_varint
 
 AvroSchema = Any
 """A parsed Avro schema as fastavro gives it (dicts, lists and names)."""
@@ -160,19 +161,6 @@ def _field_path(schema: AvroSchema, pointer: str) -> str:
 # -- the fast path ------------------------------------------------------------------------------------------------
 
 
-def _zigzag(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _without_defaults(node: Any) -> Any:
     """A schema without its fields' defaults, docs and aliases: none of them matters to decoding with the writer
     schema, and Polars' reader refuses some defaults (an empty string's: "OutOfSpec")."""
@@ -187,10 +175,10 @@ def _without_defaults(node: Any) -> Any:
 def _container_header(writer_text: str) -> bytes:
     stripped = json.dumps(_without_defaults(json.loads(writer_text)))
     meta = {"avro.schema": stripped.encode(), "avro.codec": b"null"}
-    head = bytearray(b"Obj\x01") + _zigzag(len(meta))
+    head = bytearray(b"Obj\x01") + zigzag_varint(len(meta))
     for key, value in meta.items():
-        head += _zigzag(len(key)) + key.encode() + _zigzag(len(value)) + value
-    return bytes(head + _zigzag(0) + _OCF_SYNC)
+        head += zigzag_varint(len(key)) + key.encode() + zigzag_varint(len(value)) + value
+    return bytes(head + zigzag_varint(0) + _OCF_SYNC)
 
 
 def _container(writer_text: str, payloads: pa.BinaryArray) -> bytes:
@@ -199,7 +187,9 @@ def _container(writer_text: str, payloads: pa.BinaryArray) -> bytes:
     offsets = memoryview(offsets_buffer).cast("i")[payloads.offset : payloads.offset + len(payloads) + 1]
     start, end = offsets[0], offsets[-1]
     data = memoryview(b"") if data_buffer is None else memoryview(data_buffer)[start:end]
-    return b"".join([_container_header(writer_text), _zigzag(len(payloads)), _zigzag(len(data)), data, _OCF_SYNC])
+    return b"".join(
+        [_container_header(writer_text), zigzag_varint(len(payloads)), zigzag_varint(len(data)), data, _OCF_SYNC]
+    )
 
 
 def _polars_supports(schema: AvroSchema) -> bool:

@@ -34,10 +34,11 @@ def frame(schema_id: int, payload: bytes, message_indexes: Sequence[int] | None 
 def encode_message_indexes(indexes: Sequence[int]) -> bytes:
     if list(indexes) == [0]:
         return b"\x00"
-    return b"".join(_zigzag_varint(v) for v in (len(indexes), *indexes))
+    return b"".join(zigzag_varint(v) for v in (len(indexes), *indexes))
 
 
-def _zigzag_varint(value: int) -> bytes:
+def zigzag_varint(value: int) -> bytes:
+    """A signed integer as Protobuf's and Avro's zigzag varint (Avro's ``long``)."""
     n = (value << 1) ^ (value >> 63)
     out = bytearray()
     while True:
@@ -50,7 +51,7 @@ def _zigzag_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def read_zigzag_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+def readzigzag_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     """(value, next position); raises ``ValueError`` on a varint that runs past the data or past 64 bits."""
     shift = 0
     result = 0
@@ -69,14 +70,14 @@ def read_zigzag_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 def read_message_indexes(data: bytes | memoryview, pos: int) -> tuple[list[int], int]:
     """The Protobuf message indexes at ``pos`` (just after the schema id), and where the payload starts."""
-    count, pos = read_zigzag_varint(data, pos)
+    count, pos = readzigzag_varint(data, pos)
     if count == 0:
         return [0], pos
     if not 0 < count <= 64:
         raise ValueError(f"message index count {count} is out of range")
     indexes = []
     for _ in range(count):
-        index, pos = read_zigzag_varint(data, pos)
+        index, pos = readzigzag_varint(data, pos)
         if index < 0:
             raise ValueError(f"negative message index {index}")
         indexes.append(index)

@@ -25,6 +25,7 @@ from dagster_streamgroup.protocol.state import (
     EventKind,
     GroupEvent,
     GroupState,
+    InFlight,
     Parked,
     ShardState,
     UnrecordedRun,
@@ -303,6 +304,20 @@ class FailOutcome(StrEnum):
     IGNORED = "ignored"
 
 
+def _held_by(shard: ShardState | None, report: RangeReport) -> InFlight | None:
+    """The shard's range in flight if the reporting run is the one it was launched as (run key, member and
+    epoch): a stale run of the same range, relaunched since under the same key, must not act on its successor's."""
+    inflight = shard.inflight if shard is not None else None
+    if (
+        inflight is None
+        or inflight.run_key != report.run_key
+        or inflight.epoch != report.epoch
+        or inflight.member_id != report.member_id
+    ):
+        return None
+    return inflight
+
+
 def fail(
     state: GroupState, report: RangeReport, reason: str, now: float, policy: GroupPolicy
 ) -> tuple[GroupState, FailOutcome]:
@@ -313,14 +328,8 @@ def fail(
     key) is ignored, so it cannot clear its successor's record and start a second concurrent run; a report
     already handled, or replayed, is ignored too."""
     shard = state.shards.get(report.shard)
-    inflight = shard.inflight if shard is not None else None
-    if (
-        shard is None
-        or inflight is None
-        or inflight.run_key != report.run_key
-        or inflight.epoch != report.epoch
-        or inflight.member_id != report.member_id
-    ):
+    inflight = _held_by(shard, report)
+    if shard is None or inflight is None:
         return state, FailOutcome.IGNORED
     attempts = inflight.attempt + 1
     base = evolve(shard, inflight=None, retry_end=inflight.end)
@@ -490,15 +499,8 @@ def touch(state: GroupState, reports: Sequence[RangeReport], now: float) -> Grou
     changed: dict[str, ShardState] = {}
     for report in reports:
         shard = state.shards.get(report.shard)
-        inflight = shard.inflight if shard is not None else None
-        if (
-            shard is None
-            or inflight is None
-            or inflight.run_key != report.run_key
-            or inflight.member_id != report.member_id
-            or inflight.epoch != report.epoch
-            or (inflight.alive_at is not None and inflight.alive_at >= now)
-        ):
+        inflight = _held_by(shard, report)
+        if shard is None or inflight is None or (inflight.alive_at is not None and inflight.alive_at >= now):
             continue
         changed[report.shard] = evolve(shard, inflight=evolve(inflight, alive_at=now))
     if not changed:
@@ -547,14 +549,8 @@ def park_now(state: GroupState, report: RangeReport, reason: str, now: float) ->
     cannot resolve, an undecodable record under ``on_decode_error: fail``): the range is parked at once, with an
     event, without spending the retries. Only the run in flight may report, as for ``fail``."""
     shard = state.shards.get(report.shard)
-    inflight = shard.inflight if shard is not None else None
-    if (
-        shard is None
-        or inflight is None
-        or inflight.run_key != report.run_key
-        or inflight.epoch != report.epoch
-        or inflight.member_id != report.member_id
-    ):
+    inflight = _held_by(shard, report)
+    if shard is None or inflight is None:
         return state, FailOutcome.IGNORED
     detail = f"run {report.run_key}: {reason}"
     parked = Parked(start=report.start, end=report.end, reason=detail, at=now)
