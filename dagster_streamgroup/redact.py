@@ -215,6 +215,8 @@ def _read_postgres_url(text: str, scheme: str) -> Reading:
         return _unreadable(text, scheme_only)  # a parameter SQLAlchemy drops (libpq refuses it): a typo
     if text.count("@") > (0 if url.username is None and url.password is None else 1):
         return _unreadable(text, scheme_only)  # an @ of a password that ended up in the database name
+    if not _authority_agrees(text, url.username, url.password, url.host, url.port):
+        return _unreadable(text, scheme_only)  # an unencoded / or ? in the password: the parsers split it apart
     effective = {"user": url.username or "", "password": url.password or "", "host": url.host or ""}
     effective |= {"port": "" if url.port is None else str(url.port), "dbname": url.database or ""}
     effective |= dict(query)
@@ -225,6 +227,20 @@ def _read_postgres_url(text: str, scheme: str) -> Reading:
     base = url.set(query={}, password=MASK if url.password else None).render_as_string(hide_password=True)
     query_text = _query_shown(query, lambda k: k in secret_keys, lambda k: True)
     return Reading(base + (f"?{query_text}" if query_text else ""), _longest_first(secrets), well_formed=True)
+
+
+def _authority_agrees(text: str, user: str | None, password: str | None, host: str | None, port: int | None) -> bool:
+    """Whether RFC 3986 (urllib) reads the user, password, host and port SQLAlchemy read. SQLAlchemy takes all up
+    to the last ``@`` as user info, so ``//u:p/w@h`` gives it the password ``p/w`` and the host ``h``, where
+    urllib and libpq see the host ``u`` and a path; without libpq installed to ask, this is the check that the
+    parts are where they seem."""
+    try:
+        parts = urlsplit(text)
+        theirs = (parts.username, parts.password, parts.hostname, parts.port)
+    except ValueError:
+        return False
+    unquoted = tuple(None if v is None else unquote(v) for v in theirs[:2])
+    return unquoted == (user, password) and (theirs[2] or None) == (host or None) and theirs[3] == port
 
 
 def _libpq_reading(uri: str) -> tuple[bool, dict[str, str] | None]:

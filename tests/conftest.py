@@ -10,9 +10,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import settings
 
 from dagster_streamgroup.dagster.resources import release_cached_clients
+from tests import hypothesis_profiles  # noqa: F401  (the suite's hypothesis profile)
 
 pytest_plugins = [
     "tests.fixtures.postgres",
@@ -23,13 +23,6 @@ pytest_plugins = [
 ]
 
 E2E_ENV = "STREAMGROUP_E2E"
-
-# The suite's verdict depends on the code, not on the draw: property tests run the same examples every time
-# (``suite``). Searching new ones is a run of its own, `HYPOTHESIS_PROFILE=explore .venv/bin/pytest tests/unit`,
-# and each failing example it finds is kept in its test as an ``@example``.
-settings.register_profile("suite", derandomize=True, print_blob=True)
-settings.register_profile("explore", derandomize=False, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

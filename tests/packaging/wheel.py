@@ -467,6 +467,8 @@ def unit_tests(work: Path, venv: Path, env: Mapping[str, str]) -> str:
     tests = work / "unit" / "tests"
     (tests / "unit").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "__init__.py", tests / "__init__.py")
+    shutil.copy(ROOT / "tests" / "hypothesis_profiles.py", tests / "hypothesis_profiles.py")
+    (tests / "conftest.py").write_text("from tests import hypothesis_profiles  # noqa: F401\n")
     for source in sorted((ROOT / "tests" / "unit").glob("*.py")):
         if source.name in CHECKOUT_ONLY_UNIT_TESTS:
             continue
