@@ -61,7 +61,7 @@ from dagster_streamgroup.stores.sql_log import LoggedSqlStateStore, log_table
 from dagster_streamgroup.stores.v3io import DEFAULT_DIRECTORY, V3ioStateStore, state_location
 from dagster_streamgroup.stores.v3io_log import parse_log_item
 from dagster_streamgroup.streams.base import StreamError
-from dagster_streamgroup.streams.v3io import V3ioBackend, committed_attribute
+from dagster_streamgroup.streams.v3io import V3ioBackend, committed_attribute, mirror_attribute
 from dagster_streamgroup.streams.v3io_config import V3ioConnection, V3ioStreamConfig
 
 KINDS = (
@@ -594,16 +594,26 @@ class Driver:
                         events = self.world.events
                         return any(e.kind == "reset_refused" and e.at >= since and e.shard == shard for e in events)
 
-                def restored() -> bool:
-                    return backend.committed(self.world.group, [shard])[shard] == at
-
-                seen = _until(refused, 30.0, 0.2)
-                back = _until(restored, 10.0, 0.2)
+                # Commits held for three heartbeats: the owner's next tick sees the replay before a commit's mirror
+                # can. Not longer: a tick that read the shard's attribute just before the write may launch a range
+                # on it, and that range's commit must not wait for this operation.
+                seen = _until(refused, 3 * POLICY.heartbeat_interval_s, 0.1)
+            seen = seen or _until(refused, 30.0, 0.2)
+            back = _until(lambda: self._mirrored_by_members(shard), 10.0, 0.2)
         finally:
             backend.close()
         outcome = "refused" if seen and back else "restored_silently" if back else "unrefused"
         self.outcomes["attribute_reset"][outcome] += 1
         return f"attribute_reset shard {shard}: {at} -> {target} ({'back' if backwards else 'forward'}): {outcome}"
+
+    def _mirrored_by_members(self, shard: str) -> bool:
+        """The shard's committed-sequence attribute is the members' again (it equals their mirror marker)."""
+        names = [committed_attribute(self.world.group), mirror_attribute(self.world.group)]
+        item = self.client.kv.get(CONTAINER, self.world.path, shard, attribute_names=names, raise_for_status=NEVER)
+        if item.status_code != 200:
+            return False
+        found = item.output.item
+        return names[0] in found and found.get(names[0]) == found.get(names[1])
 
     def operate(self, kind: str) -> None:
         if kind.startswith("recreate"):
