@@ -13,7 +13,6 @@ import json
 
 import pytest
 
-from bench.lifecycle.run import main
 from bench.lifecycle.v3io import SQLITE_KINDS, parse, plan, run_lifecycle
 
 pytestmark = [pytest.mark.slow, pytest.mark.v3io, pytest.mark.timeout(300)]
@@ -38,15 +37,3 @@ def test_the_short_setting_reads_every_record_of_every_stream_version_once_or_na
     assert result["events"].get("recreated", 0) >= 2, "two recreations, each named per shard"
     assert result["attribute_resets"] == {"refused": 1} and result["events"].get("reset_refused", 0) >= 1
     assert result["state_deletes"] == {"base_lost": 1, "log_refused": 1}
-
-
-def test_the_backend_option_chooses_the_v3io_run() -> None:
-    """``python -m bench.lifecycle --backend v3io --help`` is the v3io run's (its options, not Kafka's)."""
-    with pytest.raises(SystemExit) as stopped:
-        main(["--backend", "v3io", "--help"])
-    assert stopped.value.code == 0
-    assert parse(["--store", "v3io", "--shards", "2"]).kinds[3:6] == (
-        "state_delete_base",
-        "state_delete_head",
-        "state_delete_log",
-    )

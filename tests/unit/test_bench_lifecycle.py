@@ -3,8 +3,11 @@ and each event kind names exactly the records it may."""
 
 from __future__ import annotations
 
+import pytest
+
+from bench.lifecycle import v3io
 from bench.lifecycle.check import Event, Evidence, ReadRange, Version, check, payload, summary
-from bench.lifecycle.run import KINDS, plan
+from bench.lifecycle.run import KINDS, main, plan
 
 V0 = Version("t", 0, "ID0", 1, 0.0)
 V1 = Version("t", 1, "ID1", 1, 100.0)
@@ -146,3 +149,20 @@ def test_v3io_shape_reads_under_an_identity_of_another_version_or_stream_are_cau
     elsewhere = per_shard([ReadRange("0", "x", 1, 6, everything_but(6)[0].records)])
     elsewhere.identities = {**SHARD_IDS, "x": ("t", 0)}
     assert check(elsewhere).unacknowledged_seen == 5, "an identity of another stream is not this stream's"
+
+
+def test_the_backend_option_chooses_the_v3io_run_and_its_plan_holds_every_kind_of_its_store() -> None:
+    """``python -m bench.lifecycle --backend v3io --help`` is the v3io run's; the SQLite store has no head item."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--backend", "v3io", "--help"])
+    assert stopped.value.code == 0
+    with pytest.raises(SystemExit):
+        main(["--backend", "v3io", "--topics", "2"])  # a Kafka option: refused by the v3io run's parser
+    assert v3io.parse([]).kinds == v3io.SQLITE_KINDS and "state_delete_head" not in v3io.SQLITE_KINDS
+    on_v3io = v3io.parse(["--store", "v3io"])
+    assert on_v3io.kinds == v3io.KINDS and set(plan_of(on_v3io)) == set(v3io.KINDS)
+    assert v3io.plan(10, 1, v3io.SQLITE_KINDS) == v3io.plan(10, 1, v3io.SQLITE_KINDS) and len(plan_of(on_v3io)) == 10
+
+
+def plan_of(options: v3io.Options) -> list[str]:
+    return v3io.plan(options.operations, options.seed, options.kinds)
