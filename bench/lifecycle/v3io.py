@@ -104,10 +104,13 @@ class Options:
     timeout_s: float = 900.0
     store: str = "sqlite"
     """Where the group state lives: ``sqlite`` (a file of the run's) or ``v3io`` (items beside the shards)."""
+    only: tuple[str, ...] = ()
+    """The kinds of operation to draw from (all of the store's when empty)."""
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return KINDS if self.store == "v3io" else SQLITE_KINDS
+        of_store = KINDS if self.store == "v3io" else SQLITE_KINDS
+        return tuple(k for k in of_store if k in self.only) if self.only else of_store
 
 
 def plan(operations: int, seed: int, kinds_of_store: Sequence[str] = KINDS) -> list[str]:
@@ -760,8 +763,14 @@ def parse(argv: list[str] | None = None) -> Options:
     parser.add_argument("--rate", type=float, default=d.rate, help="records per second")
     parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds for the whole run")
     parser.add_argument("--store", choices=["sqlite", "v3io"], default=d.store, help="where the group state lives")
+    parser.add_argument("--kinds", default="", help="comma-separated kinds of operation to draw from (default: all)")
     a = parser.parse_args(argv)
-    return Options(a.records, a.operations, a.seed, a.shards, a.members, a.rate, a.timeout, a.store)
+    only = tuple(k for k in a.kinds.split(",") if k)
+    options = Options(a.records, a.operations, a.seed, a.shards, a.members, a.rate, a.timeout, a.store, only)
+    unknown = sorted(set(only) - set(KINDS if a.store == "v3io" else SQLITE_KINDS))
+    if unknown:
+        parser.error(f"--kinds: {', '.join(unknown)} not a kind of operation with --store {a.store}")
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -162,6 +162,10 @@ def test_the_backend_option_chooses_the_v3io_run_and_its_plan_holds_every_kind_o
     on_v3io = v3io.parse(["--store", "v3io"])
     assert on_v3io.kinds == v3io.KINDS and set(plan_of(on_v3io)) == set(v3io.KINDS)
     assert v3io.plan(10, 1, v3io.SQLITE_KINDS) == v3io.plan(10, 1, v3io.SQLITE_KINDS) and len(plan_of(on_v3io)) == 10
+    chosen = v3io.parse(["--store", "v3io", "--kinds", "state_delete_head,attribute_reset"])
+    assert set(plan_of(chosen)) == {"state_delete_head", "attribute_reset"}
+    with pytest.raises(SystemExit):
+        v3io.parse(["--kinds", "state_delete_head"])  # no head item in the SQLite store: refused, named
 
 
 def plan_of(options: v3io.Options) -> list[str]:
