@@ -37,3 +37,25 @@ def test_the_short_setting_reads_every_record_of_every_stream_version_once_or_na
     assert result["events"].get("recreated", 0) >= 2, "two recreations, each named per shard"
     assert result["attribute_resets"] == {"refused": 1} and result["events"].get("reset_refused", 0) >= 1
     assert result["state_deletes"] == {"base_lost": 1, "log_refused": 1}
+
+
+V3IO_STORE = (
+    "python -m bench.lifecycle --backend v3io --store v3io --kinds "
+    "state_delete_base,state_delete_head,state_delete_log,attribute_reset --records 3000 --operations 4 --rate 400 "
+    "--timeout 120"
+)
+"""The state in v3io items, each kind of item deleted once (and a replay), as docs/reliability.md shows it: no
+recreation, which that store does not survive (its items live in the stream's directory)."""
+
+
+def test_the_v3io_store_refuses_or_loses_each_deleted_item_and_the_documented_recovery_reads_everything_once() -> None:
+    options = parse(V3IO_STORE.split()[5:])
+    assert set(plan(options.operations, options.seed, options.kinds)) == set(options.kinds) and len(options.kinds) == 4
+    result = run_lifecycle(options)
+    print(json.dumps(result))
+    assert result["failures"] == [], result
+    assert result["store"] == "v3io" and result["stream_versions"] == 1
+    assert result["state_deletes"] == {"base_lost": 1, "head_refused": 1, "log_refused": 1}
+    assert result["attribute_resets"] == {"refused": 1}
+    assert result["read"] == result["acknowledged"] == options.records, "nothing unread, nothing named"
+    assert result["lost"] == 0 and result["duplicates"] == 0 and result["payload_mismatches"] == 0
