@@ -8,23 +8,25 @@ acknowledged at that offset of that topic version (the payload names the version
 read from a recreated topic under the old topic's offsets is caught).
 
 A topic version is a topic name and the id Kafka gave it when it was created (a topic deleted and created again
-under the name is a new version). An event names records when it is one of:
+under the name is a new version). On v3io a version is a stream path and how many times it was created there, and
+each shard's log has an identity of its own (``Evidence.identities`` maps each to its version); shard ids are bare
+shard numbers of the one stream ``Evidence.stream`` names. An event names records when it is one of:
 
 - ``data_loss`` of the shard, for offsets in ``[start, end)`` (records deleted before they were read);
 - ``recreated`` of the shard, for the old version it names (``identity OLD -> NEW``) and offsets from ``start``
   on (the old topic was deleted before they were read);
 - ``removed`` of the shard, for offsets from ``start`` on, when the topic is not on the group's list at the end.
 
-Events other than ``recreated`` carry no topic id: each is given the version the group held the shard in at the
-time, from the shard's ``recreated`` events (before the first one: that event's old id; with none, the version
-created last before the event).
+Events other than ``recreated`` carry no identity: each is given the version the group held the shard in at the
+time, from the shard's ``recreated`` events (before the first one: that event's old identity; with none, the
+version created last before the event).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +72,21 @@ class Evidence:
     events: list[Event]
     final_topics: set[str]
     """The group's list at the end (a topic removed for good may have records nobody was to read)."""
+    identities: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Log identity -> ``(topic, version number)``, besides each version's ``topic_id`` (v3io: one per shard)."""
+    stream: str | None = None
+    """Set when shard ids are bare shard numbers of this one stream (v3io), else they are ``topic:partition``."""
+
+    def owners(self) -> dict[str, tuple[str, int]]:
+        """Every identity a read or an event may carry, with the version it names."""
+        return {**{v.topic_id: (v.topic, v.number) for v in self.versions}, **self.identities}
+
+    def split(self, shard: str) -> tuple[str, int]:
+        """``(topic, partition)`` of a shard id."""
+        if self.stream is not None:
+            return self.stream, int(shard)
+        topic, _, partition = shard.rpartition(":")
+        return topic, int(partition)
 
 
 @dataclass
@@ -121,58 +138,57 @@ def payload_key(value: bytes) -> tuple[str, int, int] | None:
     return parts[0], int(parts[1]), int(parts[2])
 
 
-def _split(shard: str) -> tuple[str, int]:
-    topic, _, partition = shard.rpartition(":")
-    return topic, int(partition)
+VersionKey = tuple[str, int]
+"""``(topic, version number)``."""
 
 
-def attribute(events: Sequence[Event], versions: Sequence[Version]) -> list[tuple[Event, str | None]]:
-    """Each event with the topic id of the version the group held its shard in when it happened."""
-    by_id = {v.topic_id: v for v in versions}
+def attribute(evidence: Evidence) -> list[tuple[Event, VersionKey | None]]:
+    """Each event with the version the group held its shard in when it happened."""
+    events, versions, owners = evidence.events, evidence.versions, evidence.owners()
     switches: dict[str, list[tuple[float, int, str, str]]] = defaultdict(list)
     for i, event in enumerate(events):
         if event.kind == "recreated" and event.shard is not None:
             found = RECREATED_IDS.search(event.detail)
             if found:
                 switches[event.shard].append((event.at, i, found.group(1), found.group(2)))
-    out: list[tuple[Event, str | None]] = []
+    out: list[tuple[Event, VersionKey | None]] = []
     for i, event in enumerate(events):
         if event.shard is None:
             out.append((event, None))
             continue
         if event.kind == "recreated":
             found = RECREATED_IDS.search(event.detail)
-            out.append((event, found.group(1) if found else None))
+            out.append((event, owners.get(found.group(1)) if found else None))
             continue
         timeline = sorted(switches.get(event.shard, []))
         before = [s for s in timeline if (s[0], s[1]) <= (event.at, i)]
         after = [s for s in timeline if (s[0], s[1]) > (event.at, i)]
         if before:
-            out.append((event, before[-1][3]))
+            out.append((event, owners.get(before[-1][3])))
         elif after:
-            out.append((event, after[0][2]))
+            out.append((event, owners.get(after[0][2])))
         else:
-            topic, partition = _split(event.shard)
+            topic, partition = evidence.split(event.shard)
             candidates = [
                 v for v in versions if v.topic == topic and v.partitions > partition and v.created_at <= event.at
             ]
             chosen = max(candidates, key=lambda v: v.created_at) if candidates else None
-            out.append((event, chosen.topic_id if chosen is not None and chosen.topic_id in by_id else None))
+            out.append((event, (chosen.topic, chosen.number) if chosen is not None else None))
     return out
 
 
 def check(evidence: Evidence) -> Verdict:
     verdict = Verdict()
-    by_id = {v.topic_id: v for v in evidence.versions}
+    owners = evidence.owners()
     seen: Counter[tuple[str, int, int, int]] = Counter()
     for r in evidence.reads:
-        version = by_id.get(r.identity or "")
-        topic, partition = _split(r.shard)
-        if version is None:
+        owner = owners.get(r.identity or "")
+        topic, partition = evidence.split(r.shard)
+        if owner is None or owner[0] != topic:
             verdict.unacknowledged_seen += len(r.records)
             verdict.details.append(f"{r.shard} [{r.start}, {r.end}) committed under an unknown identity {r.identity}")
             continue
-        key = (topic, version.number, partition)
+        key = (topic, owner[1], partition)
         acked = evidence.acked.get(key, {})
         for offset, value in r.records:
             if not r.start <= offset < r.end:
@@ -189,7 +205,7 @@ def check(evidence: Evidence) -> Verdict:
             if acked[offset] != value:
                 verdict.payload_mismatches += 1
                 continue
-            seen[(topic, version.number, partition, offset)] += 1
+            seen[(topic, owner[1], partition, offset)] += 1
     verdict.read = len(seen)
     for record, count in seen.items():
         if count > 1:
@@ -199,7 +215,7 @@ def check(evidence: Evidence) -> Verdict:
     covering = _coverage(evidence)
     for (topic, number, partition), offsets in evidence.acked.items():
         version = next(v for v in evidence.versions if (v.topic, v.number) == (topic, number))
-        spans = covering.get((version.topic_id, partition), [])
+        spans = covering.get((topic, number, partition), [])
         for offset in offsets:
             verdict.acknowledged += 1
             if (topic, number, partition, offset) in seen:
@@ -214,19 +230,22 @@ def check(evidence: Evidence) -> Verdict:
     return verdict
 
 
-def _coverage(evidence: Evidence) -> dict[tuple[str, int], list[tuple[str, int, float]]]:
-    """(topic id, partition) -> the spans of offsets events report unread, with the kind of each."""
-    out: dict[tuple[str, int], list[tuple[str, int, float]]] = defaultdict(list)
-    for event, topic_id in attribute(evidence.events, evidence.versions):
-        if event.shard is None or topic_id is None or event.start is None:
+def _coverage(evidence: Evidence) -> dict[tuple[str, int, int], list[tuple[str, int, float]]]:
+    """(topic, version number, partition) -> the spans of offsets events report unread, with the kind of each."""
+    out: dict[tuple[str, int, int], list[tuple[str, int, float]]] = defaultdict(list)
+    for event, version in attribute(evidence):
+        if event.shard is None or version is None or event.start is None:
             continue
-        topic, partition = _split(event.shard)
+        topic, partition = evidence.split(event.shard)
+        if topic != version[0]:
+            continue
+        where = (topic, version[1], partition)
         if event.kind == "data_loss" and event.end is not None:
-            out[(topic_id, partition)].append(("data_loss", event.start, event.end))
+            out[where].append(("data_loss", event.start, event.end))
         elif event.kind == "recreated":
-            out[(topic_id, partition)].append(("recreated", event.start, float("inf")))
+            out[where].append(("recreated", event.start, float("inf")))
         elif event.kind == "removed" and topic not in evidence.final_topics:
-            out[(topic_id, partition)].append(("removed", event.start, float("inf")))
+            out[where].append(("removed", event.start, float("inf")))
     return out
 
 

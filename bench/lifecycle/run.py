@@ -1,7 +1,7 @@
 """``python -m bench.lifecycle``: a group drains topics while they live their whole life, then a check.
 
-``python -m bench.lifecycle [--records 200000] [--operations 20] [--seed 1] [--topics 3] [--partitions 3]
-[--members 3] [--rate 2500] [--timeout 1200]``
+``python -m bench.lifecycle [--backend kafka] [--records 200000] [--operations 20] [--seed 1] [--topics 3]
+[--partitions 3] [--members 3] [--rate 2500] [--timeout 1200]`` (``--backend v3io``: ``bench.lifecycle.v3io``)
 
 1. A local Apache Kafka broker of its own, ``--topics`` topics of ``--partitions`` partitions, and a group of
    ``--members`` members (``GroupMember`` ticks over a SQLite state store, each member a thread, each run a
@@ -621,7 +621,15 @@ def parse(argv: list[str] | None = None) -> Options:
 
 
 def main(argv: list[str] | None = None) -> int:
-    result = run_lifecycle(parse(argv))
+    """``--backend kafka`` (the default, this module) or ``--backend v3io`` (``bench.lifecycle.v3io``)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--backend", choices=["kafka", "v3io"], default="kafka")
+    chosen, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if chosen.backend == "v3io":
+        from bench.lifecycle import v3io  # imports this module: loaded only when asked for
+
+        return v3io.main(rest)
+    result = run_lifecycle(parse(rest))
     print(json.dumps(result), flush=True)
     return 0 if result.get("passed") else 1
 

@@ -136,7 +136,9 @@ def sync_log(state: GroupState, view: StreamView, member_id: str, now: float, po
             if shard.missing_since is not None:
                 updated = evolve(updated, missing_since=None)
             identity = identity_of(view, shard_id)
-            if identity is not None and updated.identity != identity:
+            if _log_gone(view, shard_id, updated, identity):
+                updated, event = recreated(shard_id, updated, None, members, member_id, now, policy)
+            elif identity is not None and updated.identity != identity:
                 if updated.identity is None or updated.committed is None:
                     updated = evolve(updated, identity=identity)
                 else:
@@ -150,6 +152,23 @@ def sync_log(state: GroupState, view: StreamView, member_id: str, now: float, po
     if not shards:
         return state
     return add_events(state.model_copy(update={"shards": {**state.shards, **shards}}), *events)
+
+
+def _log_gone(view: StreamView, shard_id: str, shard: ShardState, identity: str | None) -> bool:
+    """A shard whose log had an identity of its own and that the stream no longer has, while the stream itself
+    exists: its log is gone. On v3io (identities per shard, shard counts that only grow) the stream was deleted and
+    created again with fewer shards; without this, the old log's unread records would be dropped with no event
+    (and the shard read from the old offset if the stream grew back to it). Kafka's identities are per topic, so a
+    partition gone with its topic's recreation is told by the topic's new identity instead. Told only once a shard
+    of the stream lists an identity of its own (a listing with none says nothing of how its logs are named)."""
+    return (
+        identity is None
+        and shard.identity is not None
+        and shard.committed is not None
+        and shard_id not in view.shards
+        and part_of(shard_id) not in view.identities
+        and any(s in view.identities for s in view.shards if part_of(s) == part_of(shard_id))
+    )
 
 
 def _missing(
@@ -205,7 +224,7 @@ def _reposition(shard: ShardState, members: Collection[str], now: float, cause: 
 def recreated(
     shard_id: str,
     shard: ShardState,
-    identity: str,
+    identity: str | None,
     members: Collection[str],
     member_id: str,
     now: float,
@@ -213,11 +232,13 @@ def recreated(
 ) -> tuple[ShardState, GroupEvent]:
     """The shard's log was recreated: nothing of the old log is read any more (it is gone), nothing of the new one
     is skipped. Under ``on_recreated="park"`` the shard waits for an operator; under ``"earliest"`` the new log is
-    read from its first offset (the group's offset in the stream, where it has one for the new log)."""
+    read from its first offset (the group's offset in the stream, where it has one for the new log). ``identity``
+    ``None``: the shard is gone with its log (a new log of the shard, if it comes, is read from its start)."""
     committed = shard.committed
     seen = max(committed or 0, shard.retry_end or 0, shard.inflight.end if shard.inflight is not None else 0)
+    what = "was deleted and created again" if identity is not None else "was deleted (the stream has no such shard now)"
     detail = (
-        f"the log of shard {shard_id} was deleted and created again (identity {shard.identity} -> {identity}): "
+        f"the log of shard {shard_id} {what} (identity {shard.identity} -> {identity or 'none'}): "
         f"offsets {committed} and on of the old log were not read"
         + (f" (it held at least [{committed}, {seen}))" if seen > (committed or 0) else "")
     )

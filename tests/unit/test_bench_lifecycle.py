@@ -3,8 +3,11 @@ and each event kind names exactly the records it may."""
 
 from __future__ import annotations
 
+import pytest
+
+from bench.lifecycle import v3io
 from bench.lifecycle.check import Event, Evidence, ReadRange, Version, check, payload, summary
-from bench.lifecycle.run import KINDS, plan
+from bench.lifecycle.run import KINDS, main, plan
 
 V0 = Version("t", 0, "ID0", 1, 0.0)
 V1 = Version("t", 1, "ID1", 1, 100.0)
@@ -87,3 +90,83 @@ def test_the_plan_holds_every_kind_and_the_summary_fails_on_errors() -> None:
     assert set(plan(8, 1)) == set(KINDS) and len(plan(20, 1)) == 20 and plan(20, 1) == plan(20, 1)
     line = summary(check(evidence([read(V0, 0, 10), read(V1, 0, 5)])), {"records": 15}, ["drain timed out"])
     assert line["passed"] is False and line["failures"] == ["error: drain timed out"] and line["records"] == 15
+
+
+# v3io: one stream, shard ids are bare numbers, and each shard's log has an identity of its own.
+S0 = Version("s", 0, "s#0", 2, 0.0)
+S1 = Version("s", 1, "s#1", 2, 100.0)
+SHARD_IDS = {"a0": ("s", 0), "a1": ("s", 0), "b0": ("s", 1), "b1": ("s", 1)}
+
+
+def shard_read(version: Version, shard: int, identity: str, start: int, end: int) -> ReadRange:
+    records = tuple((o, payload("s", version.number, shard, o)) for o in range(start, end))
+    return ReadRange(str(shard), identity, start, end, records)
+
+
+def per_shard(reads: list[ReadRange], events: list[Event] | None = None) -> Evidence:
+    acked_records = {
+        ("s", v.number, shard): {o: payload("s", v.number, shard, o) for o in range(1, 6)}
+        for v in (S0, S1)
+        for shard in (0, 1)
+    }
+    return Evidence([S0, S1], acked_records, reads, events or [], {"s"}, identities=SHARD_IDS, stream="s")
+
+
+def everything_but(shard0_old_end: int) -> list[ReadRange]:
+    return [
+        shard_read(S0, 0, "a0", 1, shard0_old_end),
+        shard_read(S0, 1, "a1", 1, 6),
+        shard_read(S1, 0, "b0", 1, 6),
+        shard_read(S1, 1, "b1", 1, 6),
+    ]
+
+
+def test_v3io_shape_per_shard_identities_and_bare_shard_ids() -> None:
+    """Each read is placed by its shard's own identity; bare shard ids are shards of ``Evidence.stream``."""
+    verdict = check(per_shard(everything_but(6)))
+    assert verdict.failures == [] and verdict.read == 20 == verdict.acknowledged
+    lost = check(per_shard(everything_but(4)))
+    assert lost.lost == 2 and lost.failures == ["lost 2"]
+
+
+def test_v3io_shape_a_recreated_event_names_the_old_shard_logs_unread_records() -> None:
+    event = Event("recreated", "0", 4, None, "the log of shard 0 was deleted and created again (identity a0 -> b0)", 1)
+    verdict = check(per_shard(everything_but(4), [event]))
+    assert verdict.failures == [] and verdict.reported == {"recreated": 2}
+    other_shard = Event("recreated", "1", 4, None, "... (identity a1 -> b1): ...", 1.0)
+    assert check(per_shard(everything_but(4), [other_shard])).lost == 2, "shard 1's event names none of shard 0"
+
+
+def test_v3io_shape_reads_under_an_identity_of_another_version_or_stream_are_caught() -> None:
+    swapped = everything_but(6)
+    swapped[2] = ReadRange("0", "a0", 1, 6, swapped[2].records)  # the new log's records under the old log's range
+    verdict = check(per_shard(swapped))
+    assert verdict.payload_mismatches == 5 and verdict.lost == 5
+    foreign = everything_but(6)
+    foreign[0] = ReadRange("0", "z9", 1, 6, foreign[0].records)
+    unknown = check(per_shard(foreign))
+    assert unknown.unacknowledged_seen == 5 and unknown.lost == 5
+    elsewhere = per_shard([ReadRange("0", "x", 1, 6, everything_but(6)[0].records)])
+    elsewhere.identities = {**SHARD_IDS, "x": ("t", 0)}
+    assert check(elsewhere).unacknowledged_seen == 5, "an identity of another stream is not this stream's"
+
+
+def test_the_backend_option_chooses_the_v3io_run_and_its_plan_holds_every_kind_of_its_store() -> None:
+    """``python -m bench.lifecycle --backend v3io --help`` is the v3io run's; the SQLite store has no head item."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--backend", "v3io", "--help"])
+    assert stopped.value.code == 0
+    with pytest.raises(SystemExit):
+        main(["--backend", "v3io", "--topics", "2"])  # a Kafka option: refused by the v3io run's parser
+    assert v3io.parse([]).kinds == v3io.SQLITE_KINDS and "state_delete_head" not in v3io.SQLITE_KINDS
+    on_v3io = v3io.parse(["--store", "v3io"])
+    assert on_v3io.kinds == v3io.KINDS and set(plan_of(on_v3io)) == set(v3io.KINDS)
+    assert v3io.plan(10, 1, v3io.SQLITE_KINDS) == v3io.plan(10, 1, v3io.SQLITE_KINDS) and len(plan_of(on_v3io)) == 10
+    chosen = v3io.parse(["--store", "v3io", "--kinds", "state_delete_head,attribute_reset"])
+    assert set(plan_of(chosen)) == {"state_delete_head", "attribute_reset"}
+    with pytest.raises(SystemExit):
+        v3io.parse(["--kinds", "state_delete_head"])  # no head item in the SQLite store: refused, named
+
+
+def plan_of(options: v3io.Options) -> list[str]:
+    return v3io.plan(options.operations, options.seed, options.kinds)

@@ -166,3 +166,38 @@ def test_a_log_start_past_an_open_transaction_waits_instead_of_parking() -> None
     assert [(e.start, e.end) for e in kinds(state, EventKind.DATA_LOSS)] == [(50, 60)]
     state, planned = protocol.plan(state, "m", 101.0, {"a:0": Watermark(low=60, high=70, identity="A1")}, policy)
     assert [(x.start, x.end) for x in planned] == [(60, 70)]
+
+
+@pytest.mark.parametrize("on_recreated", ["park", "earliest"])
+def test_a_shard_gone_with_its_log_names_what_was_not_read_once(on_recreated: str) -> None:
+    """v3io shards carry identities of their own and shard counts only grow, so a shard the stream no longer has
+    went with a stream deleted and created again with fewer shards: a ``recreated`` event naming its unread
+    offsets, once; a shard of that number that comes later is a new log read from its start. Before, the shard kept
+    its old offset with no event, and a stream grown back to it was read from there."""
+    policy = policy_with(on_recreated=on_recreated, max_records_per_run=100)
+    view = StreamView(shards=("0", "1"), identities={"0": "S0", "1": "S1"})
+    state = protocol.new_group("stream", "g", 0.0)
+    state = protocol.membership_step(state, "m", 0.0, policy, view=view)
+    state = protocol.membership_step(state, "m", 10.0, policy, view=view)
+    marks = {s: Watermark(low=1, high=41, identity=view.identities[s]) for s in state.shards}
+    state, launches = protocol.plan(state, "m", 10.0, marks, policy)
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted and state.shards["1"].committed == 41
+    fewer = StreamView(shards=("0",), identities={"0": "T0"})
+    before = state
+    state = protocol.membership_step(state, "m", 20.0, policy, view=fewer)
+    events = {e.shard: e for e in kinds(state, EventKind.RECREATED)}
+    assert set(events) == {"0", "1"} and events["1"].start == 41 and "S1 -> none" in events["1"].detail
+    assert state.shards["1"].committed is None and state.shards["1"].identity is None
+    again = protocol.membership_step(state, "m", 21.0, policy, view=fewer)
+    assert len(kinds(again, EventKind.RECREATED)) == 2, "told once"
+    empty = protocol.membership_step(before, "m", 20.0, policy, view=StreamView(shards=("0",)))
+    assert kinds(empty, EventKind.RECREATED) == [], "a listing without identities says nothing"
+
+
+def test_a_kafka_partition_missing_from_a_listing_of_its_topic_is_not_a_gone_log() -> None:
+    """Kafka's identities are per topic: a partition absent from a listing whose topic keeps its id is no event."""
+    state, launches = started()
+    state, _ = protocol.commit_run(state, [report(x) for x in launches])
+    state = step(state, 20.0, shards=("a:0",))
+    assert kinds(state, EventKind.RECREATED) == []
