@@ -1,7 +1,7 @@
 """``python -m bench.lifecycle --backend v3io``: a group drains a v3io stream while it lives its whole life.
 
 ``python -m bench.lifecycle --backend v3io [--records 50000] [--operations 10] [--seed 1] [--shards 3]
-[--members 3] [--rate 1000] [--timeout 900]``
+[--members 3] [--rate 1000] [--timeout 900] [--store sqlite|v3io|v3io-dir] [--kinds K,...]``
 
 1. The project's local v3io server (``dagster_streamgroup.local.v3io``) of its own, one stream of ``--shards``
    shards, and a group of ``--members`` members (``GroupMember`` ticks over the v3io state store, each member a
@@ -103,13 +103,14 @@ class Options:
     rate: float = 1000.0
     timeout_s: float = 900.0
     store: str = "sqlite"
-    """Where the group state lives: ``sqlite`` (a file of the run's) or ``v3io`` (items beside the shards)."""
+    """Where the group state lives: ``sqlite`` (a file of the run's), ``v3io`` (items beside the shards, deleted with
+    the stream) or ``v3io-dir`` (items in a directory of the store's own, ``v3io://HOST/CONTAINER/streamgroup``)."""
     only: tuple[str, ...] = ()
     """The kinds of operation to draw from (all of the store's when empty)."""
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        of_store = KINDS if self.store == "v3io" else SQLITE_KINDS
+        of_store = SQLITE_KINDS if self.store == "sqlite" else KINDS
         return tuple(k for k in of_store if k in self.only) if self.only else of_store
 
 
@@ -167,7 +168,7 @@ class World:
         connection = V3ioConnection(
             endpoint=self.server.endpoint, container=CONTAINER, access_key=self.server.access_key
         )
-        return V3ioStateStore(connection)
+        return V3ioStateStore(connection, beside_streams=self.store_kind == "v3io")
 
     def record_events(self, events: Sequence[protocol.GroupEvent]) -> None:
         with self.lock:
@@ -450,7 +451,7 @@ class Driver:
             found = {"base": "base"} if has_base else {}
             found.update({f"log {v}": "newest" if v == versions[-1] else "log" for v in versions})
             return found
-        _container, directory, item = state_location(key, CONTAINER, DEFAULT_DIRECTORY)
+        _container, directory, item = state_location(key, CONTAINER, DEFAULT_DIRECTORY, self.world.store_kind == "v3io")
         cursor = self.client.kv.new_cursor(CONTAINER, directory + "/", attribute_names=["__name"])
         names = [str(i["__name"]) for i in cursor.all() if str(i["__name"]).startswith(item)]
         kinds: dict[str, str] = {}
@@ -470,7 +471,9 @@ class Driver:
                     version = int(name.split()[1])
                     conn.execute(sa.delete(log).where((log.c.key == key) & (log.c.version == version)))
             return
-        _container, directory, _item = state_location(key, CONTAINER, DEFAULT_DIRECTORY)
+        _container, directory, _item = state_location(
+            key, CONTAINER, DEFAULT_DIRECTORY, self.world.store_kind == "v3io"
+        )
         self.client.kv.delete(CONTAINER, directory, name, raise_for_status=NEVER)
 
     def load(self) -> GroupState | None:
@@ -762,12 +765,14 @@ def parse(argv: list[str] | None = None) -> Options:
     parser.add_argument("--members", type=int, default=d.members)
     parser.add_argument("--rate", type=float, default=d.rate, help="records per second")
     parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds for the whole run")
-    parser.add_argument("--store", choices=["sqlite", "v3io"], default=d.store, help="where the group state lives")
+    parser.add_argument(
+        "--store", choices=["sqlite", "v3io", "v3io-dir"], default=d.store, help="where the group state lives"
+    )
     parser.add_argument("--kinds", default="", help="comma-separated kinds of operation to draw from (default: all)")
     a = parser.parse_args(argv)
     only = tuple(k for k in a.kinds.split(",") if k)
     options = Options(a.records, a.operations, a.seed, a.shards, a.members, a.rate, a.timeout, a.store, only)
-    unknown = sorted(set(only) - set(KINDS if a.store == "v3io" else SQLITE_KINDS))
+    unknown = sorted(set(only) - set(SQLITE_KINDS if a.store == "sqlite" else KINDS))
     if unknown:
         parser.error(f"--kinds: {', '.join(unknown)} not a kind of operation with --store {a.store}")
     return options

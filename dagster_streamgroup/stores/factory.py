@@ -46,7 +46,7 @@ SUPPORTED = (
     "sqlite:///PATH (a file, one host)",
     "postgresql://USER:PASSWORD@HOST:PORT/DB (many hosts)",
     "memory:// (one process, tests only)",
-    "v3io://HOST:PORT/CONTAINER[/DIR][?https=true&access_key_file=PATH] (next to a v3io stream)",
+    "v3io://HOST:PORT/CONTAINER[/DIR][?https=true&access_key_file=PATH] (next to a v3io stream, or in DIR)",
 )
 
 

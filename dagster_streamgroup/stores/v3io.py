@@ -1,8 +1,10 @@
 """The v3io state store: the group state as KV items next to the stream, each write appending what it changed.
 
 Where: ``<stream path>/<group>-state.json`` in the stream's container, the item v3io-go uses for its own
-consumer groups (a key whose stream is not a v3io stream id goes under ``<directory>/<stream>/`` of the
-store's container).
+consumer groups, unless the store names a directory (``v3io://HOST/CONTAINER/DIRECTORY``): then, as for a key
+whose stream is not a v3io stream id, under ``<directory>/<stream>/`` of the store's container. Deleting a stream
+deletes every item of its directory, so only a state kept in a directory of its own outlives a stream that is
+deleted and created again (and can tell the new stream from the old one).
 
 How (the design of ``stores/sql_log.py`` on v3io KV; names and ranges in ``stores/v3io_log.py``): the base item
 holds the whole state at ``state_version``, of a random ``state_lineage``; the head item beside it names the
@@ -193,15 +195,16 @@ def decode_attributes(item: dict[str, Any], *, where: str) -> str:
     raise ForeignStateError(f"{where}: unknown {ENCODING} {encoding!r}; refusing to overwrite it")
 
 
-def state_location(key: str, container: str, directory: str) -> tuple[str, str, str]:
-    """(container, directory, item name) of the state stored under ``key`` (``"<stream id>|<group>"``)."""
+def state_location(key: str, container: str, directory: str, beside_streams: bool = True) -> tuple[str, str, str]:
+    """(container, directory, item name) of the state stored under ``key`` (``"<stream id>|<group>"``): beside a
+    v3io stream when ``beside_streams``, else (and for any other stream) under ``directory``."""
     stream, sep, group = key.rpartition("|")
     if not sep or not stream or not group:
         raise StoreConfigError(f"state key {key!r} is not '<stream>|<group>'")
     item = f"{group}-state.json"
     if not _PLAIN_NAME.match(item):
         raise StoreConfigError(f"state key {key!r}: group {group!r} cannot name a v3io item ([A-Za-z0-9._-])")
-    parsed = parse_stream_id(stream)
+    parsed = parse_stream_id(stream) if beside_streams else None
     if parsed is not None:
         return parsed[0], parsed[1], item
     if _PLAIN_NAME.match(stream) and stream not in {".", ".."}:
@@ -300,12 +303,14 @@ class V3ioStateStore:
         connection: V3ioConnection,
         *,
         directory: str = DEFAULT_DIRECTORY,
+        beside_streams: bool = True,
         compress: bool = True,
         min_fold_bytes: int | None = None,
         fold_fraction: float | None = None,
     ) -> None:
         self.connection = connection
         self.directory = normalise_path(directory, what="directory")
+        self.beside_streams = beside_streams
         self.compress = compress
         self.min_fold_bytes = min_fold_bytes
         self.fold_fraction = fold_fraction
@@ -328,7 +333,9 @@ class V3ioStateStore:
 
         The access key comes from ``access_key_file`` or ``$V3IO_ACCESS_KEY``, never from the URL."""
         connection, directory, compress = parse_store_url(url)
-        return cls(connection, directory=directory, compress=compress)
+        return cls(
+            connection, directory=directory or DEFAULT_DIRECTORY, beside_streams=directory is None, compress=compress
+        )
 
     def __repr__(self) -> str:
         return f"V3ioStateStore({self._name!r})"
@@ -438,7 +445,7 @@ class V3ioStateStore:
     # -- reading --------------------------------------------------------------------------------------------
 
     def load(self, key: str) -> tuple[GroupState | None, StateToken | None]:
-        location = state_location(key, self.connection.container, self.directory)
+        location = state_location(key, self.connection.container, self.directory, self.beside_streams)
         previous: _GapError | None = None
         for _ in range(MAX_GAP_RETRIES):
             with self._lock:
@@ -660,7 +667,7 @@ class V3ioStateStore:
     # -- writing --------------------------------------------------------------------------------------------
 
     def save_if(self, key: str, state: GroupState, token: StateToken | None) -> bool:
-        location = state_location(key, self.connection.container, self.directory)
+        location = state_location(key, self.connection.container, self.directory, self.beside_streams)
         if token is None:
             return self._create(key, location, state)
         parsed = parse_token(token)
@@ -873,7 +880,9 @@ class V3ioStateStore:
     @functools.cached_property
     def _ranges(self) -> V3ioRangeIndex:
         def where(key: str) -> tuple[str, str]:
-            container, directory, _ = state_location(key, self.connection.container, self.directory)
+            container, directory, _ = state_location(
+                key, self.connection.container, self.directory, self.beside_streams
+            )
             return container, directory
 
         return V3ioRangeIndex(self._client, where, self._call, self._unexpected)
@@ -906,8 +915,9 @@ def _log_body(before: GroupState, after: GroupState) -> str:
 _OPTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 
 
-def parse_store_url(url: str) -> tuple[V3ioConnection, str, bool]:
-    """The connection, state directory and compression a ``v3io://`` store URL names, checked without I/O."""
+def parse_store_url(url: str) -> tuple[V3ioConnection, str | None, bool]:
+    """The connection, state directory (None: the URL names none) and compression a ``v3io://`` store URL names,
+    checked without I/O."""
     parts = urlsplit(url)
     shown = redact(url)
     if parts.password or parts.username:
@@ -945,6 +955,6 @@ def parse_store_url(url: str) -> tuple[V3ioConnection, str, bool]:
             for e in exc.errors(include_input=False, include_url=False)
         )
         raise StoreConfigError(f"{shown}: {detail}") from None
-    directory = "/".join(path[1:]) or DEFAULT_DIRECTORY
+    directory = "/".join(path[1:]) or None
     compress = flags["compress"] if "compress" in options else True
     return connection, directory, compress

@@ -18,7 +18,9 @@ import pytest
 from dagster_streamgroup import protocol
 from dagster_streamgroup.member import update_state
 from dagster_streamgroup.protocol import GroupState, Launch
+from dagster_streamgroup.stores.base import StateStore
 from dagster_streamgroup.stores.sql import SqlStateStore
+from dagster_streamgroup.stores.v3io import V3ioStateStore
 from dagster_streamgroup.streams.v3io import IDENTITY_ATTRIBUTE, V3ioBackend, committed_attribute
 from tests.fixtures.v3io import unique_v3io_name
 from tests.integration.v3io.conftest import CONTAINER, NewStream, put
@@ -124,6 +126,41 @@ def test_a_recreated_stream_is_an_event_and_follows_on_recreated(
     attribute = committed_attribute(member.group)
     stored = v3io_client.kv.get(CONTAINER, path, "0", attribute_names=[attribute]).output.item
     assert stored == {attribute: new_records}, "the mirror counts in the new stream"
+
+
+def v3io_store_url(backend: V3ioBackend, directory: str = "") -> str:
+    config = backend.config
+    return f"v3io://{config.endpoint.split('://', 1)[1]}/{config.container}{'/' + directory if directory else ''}"
+
+
+@pytest.mark.parametrize("directory", ["", "streamgroup"], ids=["beside the stream", "in a directory of its own"])
+def test_a_v3io_state_outlives_a_recreated_stream_only_in_a_directory_of_its_own(
+    new_stream: NewStream, v3io_client: Any, v3io_server: Any, monkeypatch: pytest.MonkeyPatch, directory: str
+) -> None:
+    """Deleting a stream deletes every item of its directory, the state items beside its shards included: that
+    state is lost with the stream (the group starts the new stream from its seek policy, and the old stream's
+    unread records are named by no event). A store URL that names a directory keeps the state out of the stream's,
+    so the re-created stream is a ``recreated`` event as with a SQL store."""
+    monkeypatch.setenv("V3IO_ACCESS_KEY", v3io_server.access_key.get_secret_value())
+    backend = new_stream(1)
+    path = backend.config.stream_path
+    put(v3io_client, path, 0, [b"old"] * 20)
+    store: StateStore = V3ioStateStore.from_url(v3io_store_url(backend, directory))
+    group = unique_v3io_name("g")
+    member = member_of(store, backend, group)
+    assert spans(member.tick().new_launches) == [("0", 1, 21)]
+    commit_in_flight(member)
+    put(v3io_client, path, 0, [b"unread"] * 4)
+    recreate(v3io_client, backend, 1)
+    put(v3io_client, path, 0, [b"new"] * 30)
+    report = member.tick()
+    recreated = [e for e in report.new_events if e.kind == "recreated"]
+    if directory:
+        assert [(e.shard, e.start) for e in recreated] == [("0", 21)], recreated
+        assert report.new_launches == [] and report.state.shards["0"].parked is not None
+    else:
+        assert recreated == [] and report.state.shards["0"].identity is not None, "a new group: nothing to compare"
+        assert spans(report.new_launches) == [("0", 1, 31)], "the new stream from its seek policy (earliest)"
 
 
 def test_a_range_in_flight_when_its_stream_is_recreated_is_refused(
