@@ -131,11 +131,17 @@ CLICKS_SINK = DeltaSink(
 )
 
 VIEWS_AUTOMATION = (
-    dg.AutomationCondition.any_deps_updated().since_last_handled() & ~dg.AutomationCondition.in_progress()
-).with_label("clicks landed since the last refresh, none running")
+    dg.AutomationCondition.any_deps_match(dg.AutomationCondition.newly_updated()).since(
+        dg.AutomationCondition.newly_requested()
+    )
+    & ~dg.AutomationCondition.in_progress()
+).with_label("clicks landed since the last refresh was requested, none running")
 """Refresh once clicks landed: the stream asset's member runs are nearly always in progress, so Dagster's ``eager``
-(which waits for its dependencies' runs to end) would not run; a refresh in flight when more land is followed by
-another."""
+(which waits for its dependencies' runs to end) would not run. Clicks that land while a refresh runs are followed by
+another refresh: the condition is reset by the request, not by the refresh's own materialization, as
+``since_last_handled`` is (a refresh that read the table before they landed would then end the wait for them, and
+the views would stay behind until more clicks land). The trigger and the reset are single conditions because
+Dagster 1.13 compares their times only then (an ``|`` of conditions carries none, and the reset wins the tick)."""
 
 
 def _delta_assets() -> tuple[dg.AssetsDefinition, dg.AssetsDefinition]:
