@@ -89,7 +89,9 @@ def _leave_if_departed(state: GroupState, shard: ShardState) -> ShardState:
 
 def commit(state: GroupState, report: RangeReport, identity: str | None = None) -> tuple[GroupState, CommitOutcome]:
     """``identity``: the identity of the shard's log now, looked up after the run read its records, where the
-    backend has one: a run that read a log recreated under its range is refused, even before any tick saw it."""
+    backend has one: a run that read a log recreated under its range is refused, even before any tick saw it. A
+    shard positioned before its log had an identity (an empty v3io shard has no object to carry one) takes it here:
+    the log its committed offset now counts in, so a recreation before the next tick is told from it."""
     shard = state.shards.get(report.shard)
     if shard is None:
         return state, CommitOutcome(
@@ -155,6 +157,7 @@ def commit(state: GroupState, report: RangeReport, identity: str | None = None) 
     done = evolve(
         shard,
         committed=report.end,
+        identity=shard.identity or identity,
         inflight=None,
         attempt=0,
         retry_end=None,

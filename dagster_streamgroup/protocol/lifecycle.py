@@ -121,10 +121,14 @@ def sync_log(state: GroupState, view: StreamView, member_id: str, now: float, po
     """The shards of the parts ``view`` lists, against what the backend says of their logs now: a missing part
     parks its shards once it has been missing for a session timeout (a part that comes back with the same identity
     resumes them); a new identity is a recreated log (``recreated``); a shard not positioned yet, or of a state
-    that kept no identity, takes the current one silently."""
+    that kept no identity, takes the current one silently, unless a shard of its part (on v3io: of the stream) with
+    an identity was recreated in the same listing: a stream is deleted and created again as a whole, so a shard
+    positioned before its log had an identity (an empty v3io shard has none) went with it, and the records its old
+    log received since are named by an event rather than skipped."""
     shards: dict[str, ShardState] = {}
     events: list[GroupEvent] = []
     members = state.members
+    recreated_parts = _recreated_parts(state, view)
     for shard_id, shard in state.shards.items():
         if shard.removed or not in_scope(view.parts, shard_id):
             continue
@@ -139,7 +143,7 @@ def sync_log(state: GroupState, view: StreamView, member_id: str, now: float, po
             if _log_gone(view, shard_id, updated, identity):
                 updated, event = recreated(shard_id, updated, None, members, member_id, now, policy)
             elif identity is not None and updated.identity != identity:
-                if updated.identity is None or updated.committed is None:
+                if updated.committed is None or (updated.identity is None and part not in recreated_parts):
                     updated = evolve(updated, identity=identity)
                 else:
                     updated, event = recreated(shard_id, updated, identity, members, member_id, now, policy)
@@ -152,6 +156,22 @@ def sync_log(state: GroupState, view: StreamView, member_id: str, now: float, po
     if not shards:
         return state
     return add_events(state.model_copy(update={"shards": {**state.shards, **shards}}), *events)
+
+
+def _recreated_parts(state: GroupState, view: StreamView) -> frozenset[str]:
+    """The parts (``""``: a v3io stream as a whole) of which the listing shows a shard with a known identity that
+    changed or whose log is gone."""
+    parts = set()
+    for shard_id, shard in state.shards.items():
+        part = part_of(shard_id)
+        if shard.removed or shard.identity is None or shard.committed is None or part in view.missing:
+            continue
+        if not in_scope(view.parts, shard_id):
+            continue
+        identity = identity_of(view, shard_id)
+        if (identity is not None and identity != shard.identity) or _log_gone(view, shard_id, shard, identity):
+            parts.add(part)
+    return frozenset(parts)
 
 
 def _log_gone(view: StreamView, shard_id: str, shard: ShardState, identity: str | None) -> bool:

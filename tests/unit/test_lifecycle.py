@@ -201,3 +201,56 @@ def test_a_kafka_partition_missing_from_a_listing_of_its_topic_is_not_a_gone_log
     state, _ = protocol.commit_run(state, [report(x) for x in launches])
     state = step(state, 20.0, shards=("a:0",))
     assert kinds(state, EventKind.RECREATED) == []
+
+
+def test_a_shard_positioned_before_its_log_had_an_identity_takes_it_at_its_first_commit() -> None:
+    """An empty v3io shard has no object to carry an identity, so a shard positioned then has none; its first range
+    is read once records arrive. The run's commit gives it the identity of the log it read (looked up after the
+    read), so a stream re-created before the next tick lists the shard is a ``recreated`` event naming the old log's
+    unread offsets. Before, that tick adopted the new log's identity silently and those offsets were never read."""
+    policy = policy_with(max_records_per_run=100)
+    empty = StreamView(shards=("0",))
+    state = protocol.new_group("stream", "g", 0.0)
+    state = protocol.membership_step(state, "m", 0.0, policy, view=empty)
+    state = protocol.membership_step(state, "m", 10.0, policy, view=empty)
+    state, launches = protocol.plan(state, "m", 10.0, {"0": Watermark(low=1, high=3)}, policy)
+    assert [(x.start, x.end) for x in launches] == [(1, 3)] and state.shards["0"].identity is None
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches], {"0": "S0"})
+    assert outcome.accepted and state.shards["0"].identity == "S0" and state.shards["0"].committed == 3
+    state = protocol.membership_step(state, "m", 11.0, policy, view=StreamView(shards=("0",), identities={"0": "T0"}))
+    [event] = kinds(state, EventKind.RECREATED)
+    assert event.shard == "0" and event.start == 3 and "S0 -> T0" in event.detail
+
+
+def test_a_commit_without_an_identity_to_compare_keeps_the_shards() -> None:
+    state, launches = started()
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches])
+    assert outcome.accepted and {s.identity for s in state.shards.values()} == {"A1", "B1"}
+    state, launches = protocol.plan(state, "m", 11.0, {"a:0": Watermark(low=0, high=500, identity="A1")}, POLICY)
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches], {"a:0": "A1"})
+    assert outcome.accepted and state.shards["a:0"].identity == "A1"
+
+
+def test_a_shard_positioned_without_an_identity_goes_with_a_stream_recreated_under_its_siblings() -> None:
+    """v3io deletes and creates a stream as a whole: shard 0 was positioned while empty (no identity) and never
+    committed; shard 1 has an identity. When shard 1's log is recreated in a listing, shard 0's old log went too:
+    a ``recreated`` event for it as well, naming its offsets from where it was positioned, not a silent adoption of
+    the new log's identity (which skipped the records its old log received meanwhile)."""
+    policy = policy_with(max_records_per_run=100, on_recreated="earliest")
+    view = StreamView(shards=("0", "1"), identities={"1": "S1"})
+    state = protocol.new_group("stream", "g", 0.0)
+    state = protocol.membership_step(state, "m", 0.0, policy, view=view)
+    state = protocol.membership_step(state, "m", 10.0, policy, view=view)
+    marks = {"0": Watermark(low=1, high=1), "1": Watermark(low=1, high=41, identity="S1")}
+    state, launches = protocol.plan(state, "m", 10.0, marks, policy)
+    state, outcome = protocol.commit_run(state, [report(x) for x in launches], {"1": "S1"})
+    assert outcome.accepted and state.shards["0"].identity is None and state.shards["0"].committed == 1
+    recreated = StreamView(shards=("0", "1"), identities={"0": "T0", "1": "T1"})
+    after = protocol.membership_step(state, "m", 11.0, policy, view=recreated)
+    events = {e.shard: e for e in kinds(after, EventKind.RECREATED)}
+    assert set(events) == {"0", "1"} and events["0"].start == 1 and events["1"].start == 41
+    assert after.shards["0"].identity == "T0" and after.shards["0"].committed is None, "read from the new log's start"
+    alone = protocol.membership_step(
+        state, "m", 11.0, policy, view=StreamView(shards=("0", "1"), identities={"0": "T0", "1": "S1"})
+    )
+    assert kinds(alone, EventKind.RECREATED) == [] and alone.shards["0"].identity == "T0", "its first records: adopted"
