@@ -1,11 +1,13 @@
-"""Screenshots of the Dagster UI from a real run of the example: docs/screenshots/{runs,materializations,lag}.png.
+"""Screenshots of the Dagster UI from a real run of the example:
+docs/screenshots/{runs,materializations,lag,lag_over_time}.png.
 
-    .venv/bin/python scripts/screenshots.py [--out docs/screenshots] [--rate 300] [--min-ranges 48]
+    .venv/bin/python scripts/screenshots.py [--out docs/screenshots] [--rate 300] [--min-ranges 48] [--min-reports 8]
         [--timeout 1200] [--spark connect|local] [--lock FILE] [--keep]
 
 It starts what ``scripts/example.sh`` starts (the local broker, the clickstream producer, the local Spark
 Connect server, ``dagster dev`` with the example project on 127.0.0.1), all in a temporary directory, waits
-until ``--min-ranges`` ranges were committed and materialized with their lag (the points of the lag plot), then
+until ``--min-ranges`` ranges were committed and materialized with their lag (the points of the lag plot) and
+``--min-reports`` lag reports were observed (the points of the lag-over-time plots), then
 drives headless Chromium over the DevTools protocol: the pages render client-side and the plots only appear
 after clicks, which ``chromium --screenshot`` cannot wait for or make. Every page is checked for what it must
 show (and for Dagster's error and loading states) before it is captured, and the three files replace the old
@@ -49,7 +51,8 @@ from dagster_streamgroup.local.kafka_broker import running_broker  # noqa: E402
 ASSET = "page_views_per_minute"
 WIDTH, HEIGHT = 1500, 950
 CHROMIUM = "/usr/bin/chromium"
-NAMES = ("runs.png", "materializations.png", "lag.png")
+NAMES = ("runs.png", "materializations.png", "lag.png", "lag_over_time.png")
+FIRST_SHARD = "clicks:0"
 
 
 def log(message: str) -> None:
@@ -148,6 +151,8 @@ class Progress:
     statuses: dict[str, int]
     lag_points: list[dict[str, Any]]
     """Materializations that carry ``lag``: partition, timestamp and their int metadata."""
+    first_shard_reports: int
+    """Lag observations (a member's report every 30 s) that carry the first shard's seconds behind."""
 
 
 def progress(dev: DagsterDev) -> Progress:
@@ -165,22 +170,37 @@ def progress(dev: DagsterDev) -> Progress:
         values = {e["label"]: e.get("intValue") for e in event["metadataEntries"]}
         if values.get("lag") is not None:
             points.append({"partition": event["partition"], "timestamp": event["timestamp"], **values})
-    return Progress(statuses=statuses, lag_points=points)
+    observed = dev.graphql(
+        """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset {
+             assetObservations(limit: 1000) { metadataEntries { label } } } } }""",
+        {"k": {"path": [ASSET]}},
+    )["assetOrError"]
+    reports = sum(
+        any(e["label"] == f"seconds_behind {FIRST_SHARD}" for e in event["metadataEntries"])
+        for event in observed["assetObservations"]
+    )
+    return Progress(statuses=statuses, lag_points=points, first_shard_reports=reports)
 
 
-def wait_for_data(dev: DagsterDev, min_ranges: int, timeout_s: float) -> Progress:
+def wait_for_data(dev: DagsterDev, min_ranges: int, min_reports: int, timeout_s: float) -> Progress:
     started = time.monotonic()
     seen: list[Progress] = []
 
     def enough() -> Progress | None:
         now = progress(dev)
-        if not seen or len(now.lag_points) != len(seen[-1].lag_points):
-            log(f"{time.monotonic() - started:4.0f} s: runs {now.statuses}, {len(now.lag_points)} lag points")
+        if not seen or (len(now.lag_points), now.first_shard_reports) != (
+            len(seen[-1].lag_points),
+            seen[-1].first_shard_reports,
+        ):
+            log(
+                f"{time.monotonic() - started:4.0f} s: runs {now.statuses}, {len(now.lag_points)} lag points, "
+                f"{now.first_shard_reports} lag reports of {FIRST_SHARD}"
+            )
         seen[:] = [now]
-        return now if len(now.lag_points) >= min_ranges else None
+        return now if len(now.lag_points) >= min_ranges and now.first_shard_reports >= min_reports else None
 
     try:
-        return wait_for(f"{min_ranges} materialized ranges", enough, timeout_s, 5.0)
+        return wait_for(f"{min_ranges} materialized ranges and {min_reports} lag reports", enough, timeout_s, 5.0)
     except TimeoutError as exc:
         last = seen[-1] if seen else None
         raise TimeoutError(f"{exc}; runs so far: {last.statuses if last else 'none'}; see {dev.log}") from None
@@ -277,9 +297,15 @@ SPINNER_JS = """(() => {
 LAG_HEIGHT = 1100
 """Tall enough for the Metadata heading, its toggles and three rows of plots, the third holding ``lag``."""
 
-LAG_PLOT_DRAWN_JS = """(() => {
+
+def plot_drawn_js(label: str) -> str:
+    """Whether the plot headed ``label`` is drawn."""
+    return PLOT_DRAWN_JS.replace("LABEL", json.dumps(label))
+
+
+PLOT_DRAWN_JS = """(() => {
   const heading = [...document.querySelectorAll('span, h3, h4, div')]
-    .find((el) => el.childElementCount === 0 && el.textContent === 'lag');
+    .find((el) => el.childElementCount === 0 && el.textContent === LABEL);
   let cell = heading;
   while (cell && !cell.querySelector('canvas')) cell = cell.parentElement;
   const canvas = cell && cell.querySelector('canvas');
@@ -293,13 +319,21 @@ LAG_PLOT_DRAWN_JS = """(() => {
   return blue > 300;
 })()"""
 
-SCROLL_TO_METADATA_JS = """(() => {
-  const heading = [...document.querySelectorAll('span, h2, h3, div')]
-    .find((el) => el.childElementCount === 0 && el.textContent === 'Metadata');
+LAG_PLOT_DRAWN_JS = plot_drawn_js("lag")
+
+
+def scroll_to_js(label: str) -> str:
+    """Scroll the element that reads ``label`` (a heading) to the top; false while there is none."""
+    return f"""(() => {{
+  const heading = [...document.querySelectorAll('span, h2, h3, h4, div')]
+    .find((el) => el.childElementCount === 0 && el.textContent === {json.dumps(label)});
   if (!heading) return false;
-  heading.scrollIntoView({block: 'start'});
+  heading.scrollIntoView({{block: 'start'}});
   return true;
-})()"""
+}})()"""
+
+
+SCROLL_TO_METADATA_JS = scroll_to_js("Metadata")
 
 
 def has_buttons_js(*labels: str) -> str:
@@ -424,6 +458,28 @@ def capture_lag(page: Page, dev: DagsterDev, out: Path) -> None:
     page.screenshot(out / "lag.png")
 
 
+def capture_lag_over_time(page: Page, dev: DagsterDev, out: Path) -> None:
+    """The same Metadata section, Plots, by event: each metadata key over time. The members' lag reports
+    (observations every 30 s) carry ``seconds_behind <shard>`` and ``lag <shard>``, so each shard has a plot of its
+    seconds behind and one of its records behind over the run; the capture starts at ``seconds_behind``, the largest
+    of each event, followed by each shard's."""
+    page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1, mobile=False)
+    page.goto(f"{dev.url}/assets/{ASSET}?view=overview")
+    page.wait_until("the Metadata section of the overview", has_buttons_js("Table", "Plots"))
+    page.wait_until("the Plots toggle", click_button_js("Plots"))
+    page.wait_until("the Events toggle of the plots", click_button_js("Events"))
+    # ``seconds_behind`` (the materializations' and the reports' largest) is a line; each shard's plot is a point per
+    # report, as the events between them do not carry its key: the drawn check reads the line.
+    seconds = "seconds_behind"
+    page.wait_until(f"the {seconds} plot", scroll_to_js(f"{seconds} {FIRST_SHARD}"))
+    page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=LAG_HEIGHT, deviceScaleFactor=1, mobile=False)
+    page.wait_until(f"the {seconds} plot drawn", plot_drawn_js(seconds))
+    page.wait_until(f"the {seconds} plot at the top", scroll_to_js(seconds))
+    page.settle()
+    page.wait_until(f"the {seconds} plot, after scrolling", plot_drawn_js(seconds))
+    page.screenshot(out / "lag_over_time.png")
+
+
 def capture(dev: DagsterDev, data: Progress, work: Path, out: Path) -> None:
     shots = work / "screenshots"
     shots.mkdir()
@@ -433,6 +489,7 @@ def capture(dev: DagsterDev, data: Progress, work: Path, out: Path) -> None:
             capture_runs(page, dev, shots)
             capture_materialization(page, dev, data, shots)
             capture_lag(page, dev, shots)
+            capture_lag_over_time(page, dev, shots)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(work / "failed-page.png")
@@ -447,13 +504,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     parser.add_argument("--rate", type=int, default=300, help="clickstream events per second")
     parser.add_argument("--min-ranges", type=int, default=48, help="materialized ranges (lag points) to wait for")
+    parser.add_argument(
+        "--min-reports", type=int, default=8, help=f"lag reports of {FIRST_SHARD} (points over time) to wait for"
+    )
     parser.add_argument("--timeout", type=float, default=1200.0, help="give up waiting after this many seconds")
     parser.add_argument("--spark", choices=["connect", "local"], default="connect")
     parser.add_argument("--lock", default="", help="a file to hold an exclusive flock on during the run")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after success")
     args = parser.parse_args(argv)
-    if args.rate < 1 or args.min_ranges < 2:
-        parser.error("--rate must be >= 1 and --min-ranges >= 2 (a plot needs points)")
+    if args.rate < 1 or args.min_ranges < 2 or args.min_reports < 2:
+        parser.error("--rate must be >= 1, --min-ranges and --min-reports >= 2 (a plot needs points)")
     if not Path(CHROMIUM).exists():
         parser.error(f"{CHROMIUM} is missing (apt-get install chromium)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -464,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             log(f"working in {work}")
             with example(work, args) as dev:
-                data = wait_for_data(dev, args.min_ranges, args.timeout)
+                data = wait_for_data(dev, args.min_ranges, args.min_reports, args.timeout)
                 capture(dev, data, work, args.out)
             log(f"done in {time.monotonic() - started:.0f} s")
     except BaseException:
