@@ -83,7 +83,7 @@ def postgres_urls(draw: st.DrawFn, encoded: bool = False) -> tuple[str, str]:
     else:
         params = [*params, f"password:{written}"]
         url = f"{scheme}://{user}@{_authority(host, port)}/{db}"
-    draw(st.randoms()).shuffle(params)
+    params = draw(st.permutations(params))
     return (url + ("?" + "&".join(params) if params else "")), secret
 
 
@@ -113,7 +113,7 @@ def keyword_dsns(draw: st.DrawFn, encoded: bool = False) -> tuple[str, str]:
     key = draw(st.one_of(secret_keys, misspelt_keys))
     value = dsn_quote(secret) if encoded else draw(st.sampled_from([dsn_quote(secret), secret]))
     parts = [f"host={draw(names)}", f"dbname={draw(names)}", f"user={draw(names)}", f"{key}={value}"]
-    draw(st.randoms()).shuffle(parts)
+    parts = draw(st.permutations(parts))
     return " ".join(parts), secret
 
 
