@@ -50,11 +50,11 @@ import sqlalchemy as sa
 import v3io.dataplane
 
 from bench.lifecycle.check import Event, Evidence, ReadRange, Version, check, payload, summary
-from bench.lifecycle.run import SharedLock, _until
+from bench.lifecycle.run import POLICY, STALL_S, SharedLock, _until
 from dagster_streamgroup import protocol
 from dagster_streamgroup.local.v3io.testing import V3ioServerInfo, running_v3io_server
 from dagster_streamgroup.member import ContentionError, GroupMember
-from dagster_streamgroup.protocol import GroupPolicy, GroupState, Launch, StateFormatError
+from dagster_streamgroup.protocol import GroupState, Launch, StateFormatError
 from dagster_streamgroup.stores.base import StateDamagedError, StateStore, StoreUnavailableError
 from dagster_streamgroup.stores.sql import DEFAULT_TABLE, state_table
 from dagster_streamgroup.stores.sql_log import LoggedSqlStateStore, log_table
@@ -77,19 +77,6 @@ KINDS = (
 SQLITE_KINDS = tuple(k for k in KINDS if k != "state_delete_head")
 CONTAINER = "bigdata"
 NEVER = v3io.dataplane.RaiseForStatus.never
-POLICY = GroupPolicy(
-    heartbeat_interval_s=1,
-    session_timeout_s=6,
-    join_grace_s=0,
-    drain_timeout_s=30,
-    min_backlog=1,
-    max_wait_s=0,
-    max_records_per_run=20_000,
-    max_attempts=5,
-    on_recreated="earliest",
-    on_data_loss="earliest",
-)
-STALL_S = 5.0
 BATCH = 200
 
 
