@@ -886,17 +886,35 @@ class KafkaBackend:
                     effective[shard] = offset if restore or foreign else max(offset, at)
                 else:
                     effective[shard] = at if foreign else max(offset, at)
-            if advance:
-                try:
-                    results = consumer.commit(offsets=advance, asynchronous=False)
-                except KafkaException as exc:
-                    _raise_commit_error(group, exc)
-                for tp in results or []:
-                    if tp.error is not None:
-                        _raise_commit_error(group, KafkaException(tp.error))
+            for gone in self._commit_mirror(consumer, group, advance):
+                effective.pop(gone, None)
             return effective
 
         return self._with_group_consumer(group, f"mirroring the offsets of group {group!r}", mirror)
+
+    def _commit_mirror(self, consumer: Consumer, group: str, advance: list[TopicPartition]) -> set[str]:
+        """Commit ``advance``; the shards left out because their topic was deleted since they were checked are
+        returned. One OffsetCommit carries every shard, and a topic deleted under it fails the whole request
+        (UNKNOWN_TOPIC_OR_PART): the shards of the topics that still exist are committed again without it, so
+        that an operator's deletion costs no other topic its mirror."""
+        gone: set[str] = set()
+        while advance:
+            try:
+                results = consumer.commit(offsets=advance, asynchronous=False)
+                failed = [tp for tp in results or [] if tp.error is not None]
+                if failed:
+                    raise KafkaException(failed[0].error)
+                return gone
+            except KafkaException as exc:
+                if _error_code(exc) not in _UNKNOWN_PARTITION_CODES:
+                    _raise_commit_error(group, exc)
+                existing = self._topic_ids(sorted({tp.topic for tp in advance}))
+                deleted = [tp for tp in advance if tp.topic not in existing]
+                if not deleted:
+                    _raise_commit_error(group, exc)
+                gone |= {shard_id(tp.topic, tp.partition) for tp in deleted}
+                advance = [tp for tp in advance if tp.topic in existing]
+        return gone
 
     def _current(self, offsets: Mapping[str, int], identities: Mapping[str, str | None] | None) -> set[str]:
         """The shards of ``offsets`` whose topic is still the log their offset counts in (``identities``; a shard
