@@ -17,6 +17,9 @@ shard numbers of the one stream ``Evidence.stream`` names. An event names record
   on (the old topic was deleted before they were read);
 - ``removed`` of the shard, for offsets from ``start`` on, when the topic is not on the group's list at the end.
 
+A version of a topic off the group's list at the end that was created after the topic's removal (``unlisted_since``)
+was never the group's to read: its records are reported as ``unlisted``, not lost.
+
 Events other than ``recreated`` carry no identity: each is given the version the group held the shard in at the
 time, from the shard's ``recreated`` events (before the first one: that event's old identity; with none, the
 version created last before the event).
@@ -74,6 +77,8 @@ class Evidence:
     """The group's list at the end (a topic removed for good may have records nobody was to read)."""
     identities: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Log identity -> ``(topic, version number)``, besides each version's ``topic_id`` (v3io: one per shard)."""
+    unlisted_since: dict[str, float] = field(default_factory=dict)
+    """Topic -> when the last member took it off its list, for the topics off the list at the end."""
     stream: str | None = None
     """Set when shard ids are bare shard numbers of this one stream (v3io), else they are ``topic:partition``."""
 
@@ -221,6 +226,8 @@ def check(evidence: Evidence) -> Verdict:
             if (topic, number, partition, offset) in seen:
                 continue
             cause = next((kind for kind, lo, hi in spans if lo <= offset < hi), None)
+            if cause is None and _unlisted(evidence, version):
+                cause = "unlisted"
             if cause is not None:
                 verdict.reported[cause] = verdict.reported.get(cause, 0) + 1
                 continue
@@ -228,6 +235,12 @@ def check(evidence: Evidence) -> Verdict:
             if len(verdict.details) < 40:
                 verdict.details.append(f"{topic} v{number} ({version.topic_id}) :{partition}@{offset} unread, no event")
     return verdict
+
+
+def _unlisted(evidence: Evidence, version: Version) -> bool:
+    """Whether ``version`` was created after its topic left every member's list, for good."""
+    since = evidence.unlisted_since.get(version.topic)
+    return since is not None and version.topic not in evidence.final_topics and version.created_at >= since
 
 
 def _coverage(evidence: Evidence) -> dict[tuple[str, int, int], list[tuple[str, int, float]]]:

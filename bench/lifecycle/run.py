@@ -376,6 +376,8 @@ class Driver:
         self.names = 0
         self.listed: list[str] = []
         self.removed: list[str] = []
+        self.unlisted_since: dict[str, float] = {}
+        """Topic -> when its removal reached the last member (a version created after it is not the group's)."""
         self.members: list[Member] = []
         self.producer = RecordWriter(self.world, options.records, options.rate)
         self.operations: Counter[str] = Counter()
@@ -435,6 +437,7 @@ class Driver:
                 self.create(topic, self.o.partitions)
         else:
             topic = self.new_topic()
+        self.unlisted_since.pop(topic, None)
         self.set_lists([*self.listed, topic])
         return f"add_topic {topic}"
 
@@ -444,6 +447,7 @@ class Driver:
         topic = self.rng.choice(self.listed)
         self.removed.append(topic)
         self.set_lists([t for t in self.listed if t != topic])
+        self.unlisted_since[topic] = time.time()
         return f"remove_topic {topic}"
 
     def delete_records(self) -> str:
@@ -572,6 +576,7 @@ class Driver:
                 reads=list(self.world.reads),
                 events=list(self.world.events),
                 final_topics=set(self.listed),
+                unlisted_since=dict(self.unlisted_since),
             )
         verdict = check(evidence)
         extra = {

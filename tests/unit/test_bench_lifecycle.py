@@ -75,6 +75,18 @@ def test_a_removed_event_counts_only_for_a_topic_off_the_list_at_the_end() -> No
     assert back.lost == 2, "a topic put back on the list must be read to its end"
 
 
+def test_a_version_created_after_its_topic_left_every_list_is_not_the_groups() -> None:
+    """A topic removed from the lists, then deleted and created again: nobody was to read the new version."""
+    removed = Event("removed", "t:0", 8, None, "'t' is on no member's list any more", 50.0)
+    base = evidence([read(V0, 0, 8)], [removed], final=set())
+    after = check(Evidence(**{**vars(base), "unlisted_since": {"t": 60.0}}))
+    assert after.failures == [] and after.reported == {"removed": 2, "unlisted": 5}
+    before = check(Evidence(**{**vars(base), "unlisted_since": {"t": 120.0}}))
+    assert before.lost == 5, "a version created before the removal reached every member is the group's"
+    relisted = check(Evidence(**{**vars(base), "final_topics": {"t"}, "unlisted_since": {"t": 60.0}}))
+    assert relisted.lost == 7, "a topic back on the list at the end is read to its end, every version"
+
+
 def test_a_record_read_twice_from_another_version_or_not_acknowledged_is_reported() -> None:
     twice = check(evidence([read(V0, 0, 10), read(V0, 5, 10), read(V1, 0, 5)]))
     assert twice.duplicates == 5 and "duplicates 5" in twice.failures
