@@ -15,10 +15,11 @@ shard numbers of the one stream ``Evidence.stream`` names. An event names record
 - ``data_loss`` of the shard, for offsets in ``[start, end)`` (records deleted before they were read);
 - ``recreated`` of the shard, for the old version it names (``identity OLD -> NEW``) and offsets from ``start``
   on (the old topic was deleted before they were read);
-- ``removed`` of the shard, for offsets from ``start`` on, when the topic is not on the group's list at the end.
+- ``removed`` of the shard, for offsets from ``start`` on, when the topic is not put back on the group's list while
+  the version the event names still exists (``off_list``; without it: when the topic is off the list at the end).
 
-A version of a topic off the group's list at the end that was created after the topic's removal (``unlisted_since``)
-was never the group's to read: its records are reported as ``unlisted``, not lost.
+A version created while its topic was off every list and gone before the topic was put back (or never put back) was
+never the group's to read: its records are reported as ``unlisted``, not lost.
 
 Events other than ``recreated`` carry no identity: each is given the version the group held the shard in at the
 time, from the shard's ``recreated`` events (before the first one: that event's old identity; with none, the
@@ -77,8 +78,8 @@ class Evidence:
     """The group's list at the end (a topic removed for good may have records nobody was to read)."""
     identities: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Log identity -> ``(topic, version number)``, besides each version's ``topic_id`` (v3io: one per shard)."""
-    unlisted_since: dict[str, float] = field(default_factory=dict)
-    """Topic -> when the last member took it off its list, for the topics off the list at the end."""
+    off_list: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
+    """Topic -> the spans it was off the lists, ``(removal began, putting back began)``; None: off at the end."""
     stream: str | None = None
     """Set when shard ids are bare shard numbers of this one stream (v3io), else they are ``topic:partition``."""
 
@@ -99,6 +100,8 @@ class Verdict:
     acknowledged: int = 0
     read: int = 0
     lost: int = 0
+    lost_where: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """``topic vN:partition`` -> how many records were lost there, the lowest offset and the highest."""
     duplicates: int = 0
     payload_mismatches: int = 0
     unacknowledged_seen: int = 0
@@ -124,6 +127,7 @@ class Verdict:
             "acknowledged": self.acknowledged,
             "read": self.read,
             "lost": self.lost,
+            "lost_where": {w: f"{n} in [{lo}, {hi}]" for w, (n, lo, hi) in sorted(self.lost_where.items())},
             "duplicates": self.duplicates,
             "payload_mismatches": self.payload_mismatches,
             "unacknowledged_seen": self.unacknowledged_seen,
@@ -226,26 +230,59 @@ def check(evidence: Evidence) -> Verdict:
             if (topic, number, partition, offset) in seen:
                 continue
             cause = next((kind for kind, lo, hi in spans if lo <= offset < hi), None)
-            if cause is None and _unlisted(evidence, version):
+            if cause is None and _unlisted(evidence, version, _successor(evidence, version)):
                 cause = "unlisted"
             if cause is not None:
                 verdict.reported[cause] = verdict.reported.get(cause, 0) + 1
                 continue
             verdict.lost += 1
+            _widen(verdict.lost_where, f"{topic} v{number}:{partition}", offset)
             if len(verdict.details) < 40:
                 verdict.details.append(f"{topic} v{number} ({version.topic_id}) :{partition}@{offset} unread, no event")
     return verdict
 
 
-def _unlisted(evidence: Evidence, version: Version) -> bool:
-    """Whether ``version`` was created after its topic left every member's list, for good."""
-    since = evidence.unlisted_since.get(version.topic)
-    return since is not None and version.topic not in evidence.final_topics and version.created_at >= since
+def _widen(spans: dict[str, tuple[int, int, int]], where: str, offset: int) -> None:
+    count, lo, hi = spans.get(where, (0, offset, offset))
+    spans[where] = (count + 1, min(lo, offset), max(hi, offset))
+
+
+def _successor(evidence: Evidence, version: Version) -> Version | None:
+    """The version of the topic created next (this one was deleted before it)."""
+    later = [v for v in evidence.versions if v.topic == version.topic and v.number > version.number]
+    return min(later, key=lambda v: v.number) if later else None
+
+
+def _off_span(evidence: Evidence, topic: str, at: float) -> tuple[float, float | None] | None:
+    """The span during which ``topic`` was off the lists that holds ``at``."""
+    return next((x for x in evidence.off_list.get(topic, []) if x[0] <= at and (x[1] is None or at < x[1])), None)
+
+
+def _gone_before_back(span: tuple[float, float | None], successor: Version | None) -> bool:
+    """Whether a version ended (its successor was created) before its topic was put back on the lists."""
+    return span[1] is None or (successor is not None and successor.created_at <= span[1])
+
+
+def _unlisted(evidence: Evidence, version: Version, successor: Version | None) -> bool:
+    """Whether ``version`` lived all its life while its topic was off every member's list."""
+    span = _off_span(evidence, version.topic, version.created_at)
+    return span is not None and _gone_before_back(span, successor)
+
+
+def _removal_covers(evidence: Evidence, event: Event, version: Version | None) -> bool:
+    """Whether a ``removed`` event names its version's unread records for good: the topic stayed off the lists,
+    or the version was deleted before the topic was put back (without the spans: off the list at the end)."""
+    topic = evidence.split(event.shard or "")[0]
+    if topic not in evidence.off_list:
+        return topic not in evidence.final_topics
+    span = _off_span(evidence, topic, event.at)
+    return span is not None and version is not None and _gone_before_back(span, _successor(evidence, version))
 
 
 def _coverage(evidence: Evidence) -> dict[tuple[str, int, int], list[tuple[str, int, float]]]:
     """(topic, version number, partition) -> the spans of offsets events report unread, with the kind of each."""
     out: dict[tuple[str, int, int], list[tuple[str, int, float]]] = defaultdict(list)
+    by_key = {(v.topic, v.number): v for v in evidence.versions}
     for event, version in attribute(evidence):
         if event.shard is None or version is None or event.start is None:
             continue
@@ -257,7 +294,7 @@ def _coverage(evidence: Evidence) -> dict[tuple[str, int, int], list[tuple[str, 
             out[where].append(("data_loss", event.start, event.end))
         elif event.kind == "recreated":
             out[where].append(("recreated", event.start, float("inf")))
-        elif event.kind == "removed" and topic not in evidence.final_topics:
+        elif event.kind == "removed" and _removal_covers(evidence, event, by_key.get(version)):
             out[where].append(("removed", event.start, float("inf")))
     return out
 

@@ -376,8 +376,8 @@ class Driver:
         self.names = 0
         self.listed: list[str] = []
         self.removed: list[str] = []
-        self.unlisted_since: dict[str, float] = {}
-        """Topic -> when its removal reached the last member (a version created after it is not the group's)."""
+        self.off_list: dict[str, list[tuple[float, float | None]]] = {}
+        """Topic -> when it was taken off the lists and when it was put back (None: not yet)."""
         self.members: list[Member] = []
         self.producer = RecordWriter(self.world, options.records, options.rate)
         self.operations: Counter[str] = Counter()
@@ -437,7 +437,9 @@ class Driver:
                 self.create(topic, self.o.partitions)
         else:
             topic = self.new_topic()
-        self.unlisted_since.pop(topic, None)
+        if topic in self.off_list:
+            began, _ = self.off_list[topic][-1]
+            self.off_list[topic][-1] = (began, time.time())
         self.set_lists([*self.listed, topic])
         return f"add_topic {topic}"
 
@@ -446,8 +448,8 @@ class Driver:
             return self.add_topic() + " (instead of remove_topic: one topic left)"
         topic = self.rng.choice(self.listed)
         self.removed.append(topic)
+        self.off_list.setdefault(topic, []).append((time.time(), None))
         self.set_lists([t for t in self.listed if t != topic])
-        self.unlisted_since[topic] = time.time()
         return f"remove_topic {topic}"
 
     def delete_records(self) -> str:
@@ -576,7 +578,7 @@ class Driver:
                 reads=list(self.world.reads),
                 events=list(self.world.events),
                 final_topics=set(self.listed),
-                unlisted_since=dict(self.unlisted_since),
+                off_list={t: list(spans) for t, spans in self.off_list.items()},
             )
         verdict = check(evidence)
         extra = {

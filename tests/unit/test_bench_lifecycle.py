@@ -75,16 +75,25 @@ def test_a_removed_event_counts_only_for_a_topic_off_the_list_at_the_end() -> No
     assert back.lost == 2, "a topic put back on the list must be read to its end"
 
 
-def test_a_version_created_after_its_topic_left_every_list_is_not_the_groups() -> None:
-    """A topic removed from the lists, then deleted and created again: nobody was to read the new version."""
+def test_records_of_a_version_that_lived_or_ended_off_the_lists_are_not_the_groups() -> None:
+    """A topic taken off the lists at 40 (``removed`` names V0 from 8 on), deleted and created again as V1 at 100."""
     removed = Event("removed", "t:0", 8, None, "'t' is on no member's list any more", 50.0)
-    base = evidence([read(V0, 0, 8)], [removed], final=set())
-    after = check(Evidence(**{**vars(base), "unlisted_since": {"t": 60.0}}))
-    assert after.failures == [] and after.reported == {"removed": 2, "unlisted": 5}
-    before = check(Evidence(**{**vars(base), "unlisted_since": {"t": 120.0}}))
-    assert before.lost == 5, "a version created before the removal reached every member is the group's"
-    relisted = check(Evidence(**{**vars(base), "final_topics": {"t"}, "unlisted_since": {"t": 60.0}}))
-    assert relisted.lost == 7, "a topic back on the list at the end is read to its end, every version"
+    base = vars(evidence([read(V0, 0, 8)], [removed], final=set()))
+    never_back = check(Evidence(**{**base, "off_list": {"t": [(40.0, None)]}}))
+    assert never_back.failures == [] and never_back.reported == {"removed": 2, "unlisted": 5}
+    ended_off = [V0, V1, Version("t", 2, "ID2", 1, 150.0)]
+    back_later = check(
+        Evidence(**{**base, "versions": ended_off, "final_topics": {"t"}, "off_list": {"t": [(40.0, 160.0)]}})
+    )
+    assert back_later.failures == [] and back_later.reported == {"removed": 2, "unlisted": 5}, (
+        "V0 and V1 ended before the topic was back on the lists"
+    )
+    back_alive = check(Evidence(**{**base, "final_topics": {"t"}, "off_list": {"t": [(40.0, 120.0)]}}))
+    assert back_alive.lost == 5 and back_alive.reported == {"removed": 2}, "V1 was alive when put back: read it"
+    back_before = check(Evidence(**{**base, "final_topics": {"t"}, "off_list": {"t": [(40.0, 90.0)]}}))
+    assert back_before.lost == 7, "V0 was alive when put back: its records must be read"
+    removed_before = check(Evidence(**{**base, "off_list": {"t": [(120.0, None)]}}))
+    assert removed_before.lost == 7, "created before the removal: V1 is the group's, and the event came too early"
 
 
 def test_a_record_read_twice_from_another_version_or_not_acknowledged_is_reported() -> None:
