@@ -225,12 +225,13 @@ def check(evidence: Evidence) -> Verdict:
     for (topic, number, partition), offsets in evidence.acked.items():
         version = next(v for v in evidence.versions if (v.topic, v.number) == (topic, number))
         spans = covering.get((topic, number, partition), [])
+        unlisted = _unlisted(evidence, version)
         for offset in offsets:
             verdict.acknowledged += 1
             if (topic, number, partition, offset) in seen:
                 continue
             cause = next((kind for kind, lo, hi in spans if lo <= offset < hi), None)
-            if cause is None and _unlisted(evidence, version, _successor(evidence, version)):
+            if cause is None and unlisted:
                 cause = "unlisted"
             if cause is not None:
                 verdict.reported[cause] = verdict.reported.get(cause, 0) + 1
@@ -263,10 +264,10 @@ def _gone_before_back(span: tuple[float, float | None], successor: Version | Non
     return span[1] is None or (successor is not None and successor.created_at <= span[1])
 
 
-def _unlisted(evidence: Evidence, version: Version, successor: Version | None) -> bool:
+def _unlisted(evidence: Evidence, version: Version) -> bool:
     """Whether ``version`` lived all its life while its topic was off every member's list."""
     span = _off_span(evidence, version.topic, version.created_at)
-    return span is not None and _gone_before_back(span, successor)
+    return span is not None and _gone_before_back(span, _successor(evidence, version))
 
 
 def _removal_covers(evidence: Evidence, event: Event, version: Version | None) -> bool:
